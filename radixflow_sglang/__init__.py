@@ -1,0 +1,8 @@
+"""RadixFlow for SGLang: state-ready traversal and flexible admission for hybrid-model prefill.
+
+Layout: `core/` is a pure-Python policy core (tokens and integers, no SGLang import);
+`adapter/` is the one place that touches SGLang 0.5.23 internals; `launch_server` and
+`plugin` install the adapter into SGLang's scheduler processes.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,343 @@
+"""CPU kit: SGLang 0.5.23's real pools, cache, Req and scheduler scan, built without a GPU or model.
+
+Follows `sglang/test/kits/unified_radix_cache/fixtures.py::build_fixture` for the pools and cache.
+The scheduler is the real class (stock, or ours) created with `__new__` plus the attributes
+its prefill scan reads; only objects the scan asks about a model or a worker are stand-ins
+(`_Stub` below, each named). A round = stash the chunked request (as `get_next_batch_to_run`),
+run the scan, and complete the batch through the result path's calls (`release_kv_cache` /
+`checkpoint_kv_cache`, as `process_batch_result_prefill`). Recurrent state tensors are shrunk
+(the scan never reads their contents); layer layout and the checkpoint grid are the model's.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from radixflow_sglang.geometry import Geometry, load_geometry
+
+from . import check_sglang_version
+
+check_sglang_version()
+
+from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
+from sglang.srt.environ import envs  # noqa: E402
+from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch  # noqa: E402
+from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
+from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
+    HybridLinearKVPool,
+    HybridReqToTokenPool,
+    MHATokenToKVPool,
+    ReqToTokenPool,
+)
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+LAYOUTS = ("extra_buffer", "no_buffer")
+
+
+@dataclass
+class KitConfig:
+    model: str = "qwen3.5-4b"
+    layout: str = "extra_buffer"  # ignored for full attention
+    rows: int | None = None  # max running requests; default: the model's paper budget S
+    tokens: int | None = None  # chunked_prefill_size = max_prefill_tokens; default T
+    kv_tokens: int = 400_000  # KV pool capacity in tokens
+    mamba_slots: int | None = None  # default: enough for rows, ping-pong buffers and the tree
+    schedule_policy: str = "fcfs"
+    overlap: bool = False  # publish lag of overlap scheduling (result processed one round late)
+    tree_core: str = "python"
+
+
+@dataclass
+class Pools:
+    req_to_token: ReqToTokenPool
+    allocator: TokenToKVPoolAllocator
+    cache: UnifiedRadixCache
+    server_args: ServerArgs
+
+
+def build_server_args(cfg: KitConfig, geo: Geometry) -> ServerArgs:
+    tokens = cfg.tokens or geo.tokens
+    args = ServerArgs(
+        model_path="dummy",
+        page_size=1,
+        chunked_prefill_size=tokens,
+        max_prefill_tokens=tokens,
+        max_running_requests=cfg.rows or geo.rows,
+        schedule_policy=cfg.schedule_policy,
+        pp_max_micro_batch_size=cfg.rows or geo.rows,
+        mamba_radix_cache_strategy=cfg.layout if geo.hybrid else "auto",
+        disable_overlap_schedule=not cfg.overlap,
+    )
+    # NOTE: a dummy model has no HF config to read the grid from; preset it (as build_fixture).
+    args._mamba_cache_chunk_size = geo.grid
+    set_global_server_args_for_scheduler(args)
+    return args
+
+
+def build_pools(cfg: KitConfig, geo: Geometry) -> Pools:
+    args = build_server_args(cfg, geo)
+    rows = cfg.rows or geo.rows
+    extra = geo.hybrid and cfg.layout == "extra_buffer"
+    if geo.hybrid:
+        with envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
+            shape = Mamba2StateShape.create(
+                tp_world_size=1, intermediate_size=16, n_groups=1, num_heads=1,
+                head_dim=16, state_size=4, conv_kernel=4,
+            )
+        params = Mamba2CacheParams(shape=shape, layers=list(geo.mamba_layers))
+        slots = cfg.mamba_slots or rows * 4 + 64
+        r2t = HybridReqToTokenPool(
+            size=rows + 2, mamba_size=slots, mamba_spec_state_size=rows + 2,
+            max_context_len=32_768, device="cpu", enable_memory_saver=False,
+            cache_params=params, mamba_layer_ids=list(geo.mamba_layers),
+            enable_mamba_extra_buffer=extra, speculative_num_draft_tokens=3,
+        )
+        kv = HybridLinearKVPool(
+            size=cfg.kv_tokens, dtype=torch.bfloat16, page_size=1, head_num=1, head_dim=4,
+            full_attention_layer_ids=list(geo.full_layers), device="cpu",
+            enable_memory_saver=False, mamba_pool=r2t.mamba_pool,
+        )
+        components = (ComponentType.FULL, ComponentType.MAMBA)
+    else:
+        r2t = ReqToTokenPool(size=rows + 2, max_context_len=32_768, device="cpu",
+                             enable_memory_saver=False)
+        kv = MHATokenToKVPool(size=cfg.kv_tokens, page_size=1, dtype=torch.bfloat16, head_num=1,
+                              head_dim=4, layer_num=2, device="cpu", enable_memory_saver=False)
+        components = (ComponentType.FULL,)
+    alloc = TokenToKVPoolAllocator(size=cfg.kv_tokens, dtype=torch.bfloat16, device="cpu",
+                                   kvcache=kv, need_sort=False)
+    params = CacheInitParams(
+        req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=1, disable=False,
+        tree_components=components, enable_mamba_extra_buffer=extra,
+    )
+    with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(cfg.tree_core):
+        cache = UnifiedRadixCache(params=params)
+    return Pools(r2t, alloc, cache, args)
+
+
+class _Stub(SimpleNamespace):
+    """A stand-in for a scheduler collaborator that the prefill scan only asks simple questions."""
+
+
+def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geometry) -> Scheduler:
+    """The real scheduler class without its constructor: the attributes the prefill scan reads."""
+    s = cls.__new__(cls)
+    args = pools.server_args
+    rows = cfg.rows or geo.rows
+    tokens = cfg.tokens or geo.tokens
+    s.server_args = args
+    s.req_to_token_pool = pools.req_to_token
+    s.token_to_kv_pool_allocator = pools.allocator
+    s.tree_cache = pools.cache
+    s.page_size = 1
+    s.waiting_queue = []
+    s.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
+    s.chunked_req = None
+    s.last_batch = None
+    s.max_running_requests = rows
+    s.max_prefill_tokens = tokens
+    s.chunked_prefill_size = tokens
+    s.dynamic_chunk_sizer = None
+    s.max_prefill_bs = 0
+    s.is_mixed_chunk = False
+    s.enable_overlap = cfg.overlap
+    s.enable_lora = False
+    s.lora_drainer = None
+    s.enable_priority_preemption = False
+    s.enable_priority_scheduling = False
+    s.priority_scheduling_preemption_threshold = 0
+    s.is_hybrid_swa = False
+    s.enable_hicache_storage = False
+    s.enable_lmcache = False
+    s.enable_hierarchical_cache = False
+    s.enable_unified_cache_external_linker = False
+    s.enable_hisparse = False
+    s.truncation_align_size = None
+    s.processed_tokens_counter = 0
+    s.prefill_delayer = None
+    s.min_free_slots_delayer = None
+    s.dllm_config = None
+    s.hisparse_coordinator = None
+    s.spec_algorithm = SpeculativeAlgorithm.NONE
+    s.policy = SchedulePolicy(
+        cfg.schedule_policy, pools.cache, enable_hierarchical_cache=False,
+        enable_priority_scheduling=False, schedule_low_priority_values_first=False,
+    )
+    # Stand-ins for the model/worker side (the scan only reads these fields).
+    s.model_config = _Stub(vocab_size=248_320, is_encoder_decoder=False,
+                           hf_text_config=_Stub(mamba_chunk_size=geo.grid))
+    s.tp_worker = _Stub(model_runner=_Stub(attn_backend=_Stub(), prefill_aware_swa=False))
+    s.grammar_manager = _Stub(has_waiting_grammars=lambda: False)
+    s.beam_coordinator = _Stub(pending_member_rows=lambda batch: 0)
+    s.new_token_ratio_tracker = _Stub(current=0.0)
+    s.load_inquirer = _Stub(_get_num_pending_tokens=lambda chunk_deduct=0: 0)
+    return s
+
+
+def scheduler_class(policy: str, config=None) -> type[Scheduler]:
+    """`stock` is SGLang's own class; every other policy is ours with its config bound."""
+    if policy == "stock":
+        return Scheduler
+    from .runtime import RadixFlowConfig
+    from .scheduler import RadixFlowScheduler
+
+    cfg = config or RadixFlowConfig(policy=policy)
+    return type(f"RadixFlowScheduler_{policy}", (RadixFlowScheduler,), {"radixflow_config": cfg})
+
+
+@dataclass
+class Round:
+    index: int
+    rids: list[str]
+    extend: dict[str, int]  # rid -> tokens scheduled this round
+    prefix: dict[str, int]  # rid -> ready prefix it started from
+    track: dict[str, int | None]  # rid -> depth its state is published at (extra_buffer)
+    chunked: str | None
+
+    @property
+    def scheduled_tokens(self) -> int:
+        return sum(self.extend.values())
+
+
+@dataclass
+class Kit:
+    """SGLang's real scheduler over real pools on CPU, driven round by round."""
+
+    cfg: KitConfig = field(default_factory=KitConfig)
+    policy: str = "stock"
+    radixflow_config: object | None = None
+    geometry: Geometry | None = None
+
+    def __post_init__(self) -> None:
+        self.geometry = self.geometry or load_geometry(self.cfg.model)
+        self.pools = build_pools(self.cfg, self.geometry)
+        cls = scheduler_class(self.policy, self.radixflow_config)
+        self.sched = make_scheduler(cls, self.pools, self.cfg, self.geometry)
+        self.sched.result_queue = deque()  # in-flight batches (overlap: processed one round late)
+        self.rounds: list[Round] = []
+        self.finished: dict[str, Req] = {}
+        self._kv_total = self.pools.allocator.available_size()
+        self._mamba_total = self._mamba_free()
+        self._rows_total = self.pools.req_to_token.available_size()
+
+    # --- requests ----------------------------------------------------------------------------
+    def req(self, rid: str, ids, namespace: str | None = None, max_new_tokens: int = 1) -> Req:
+        sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        sp.normalize(None)
+        return Req(rid, "", array("q", ids), sp, vocab_size=self.sched.model_config.vocab_size,
+                   extra_key=namespace)
+
+    def submit(self, *reqs: Req) -> None:
+        self.sched.waiting_queue.extend(reqs)
+
+    def abort_waiting(self, rid: str) -> Req:
+        """Abort a waiting (possibly parked) request as the scheduler does for queued aborts."""
+        q = self.sched.waiting_queue
+        req = next(r for r in q if r.rid == rid)
+        q.remove(req)
+        release_kv_cache(req, self.pools.cache, checkpoint=False)
+        self._forget(rid)
+        return req
+
+    # --- rounds ------------------------------------------------------------------------------
+    def scan(self) -> ScheduleBatch | None:
+        s = self.sched
+        if s.chunked_req is not None and s.chunked_req.extend_end > s.chunked_req.prefix_len:
+            checkpoint_kv_cache(s.chunked_req, self.pools.cache)  # as get_next_batch_to_run
+        batch, s.running_batch = s._get_new_batch_prefill_raw(
+            prefill_delayer_single_pass=None, running_batch=s.running_batch
+        )
+        return batch
+
+    def step(self) -> Round | None:
+        """One scheduler iteration: scan, launch, process (the previous batch under overlap)."""
+        batch = self.scan()
+        rnd = self._record(batch) if batch is not None else None
+        if batch is not None:
+            self.sched.result_queue.append((batch, None))
+        if self.sched.result_queue and (not self.cfg.overlap or batch is None
+                                        or len(self.sched.result_queue) > 1):
+            self.complete(self.sched.result_queue.popleft()[0])
+        return rnd
+
+    def complete(self, batch: ScheduleBatch) -> None:
+        """Commit one token per request through the result path's cache calls
+        (batch_result_processor.py `process_batch_result_prefill`)."""
+        for req in batch.reqs:
+            if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
+                continue
+            if req.inflight_middle_chunks > 0:
+                req.inflight_middle_chunks -= 1  # a middle chunk: no token yet
+                continue
+            req.output_ids.append(7)
+            req.update_finish_state()
+            if not req.finished():  # NOTE: the kit has no decode loop; one token ends a request
+                req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
+            release_kv_cache(req, self.pools.cache, checkpoint=True)
+            self.finished[req.rid] = req
+            self._forget(req.rid)
+        if self.sched.chunked_req is not None and self.sched.chunked_req.finished():
+            self.sched.chunked_req = None
+
+    def drain(self, max_rounds: int = 10_000) -> list[Round]:
+        out = []
+        for _ in range(max_rounds):
+            busy = self.sched.waiting_queue or self.sched.chunked_req or self.sched.result_queue
+            if not busy:
+                return out
+            rnd = self.step()
+            if rnd is not None:
+                out.append(rnd)
+        raise RuntimeError(f"not drained after {max_rounds} rounds")
+
+    # --- accounting --------------------------------------------------------------------------
+    def leaks(self) -> dict[str, int]:
+        """Evict the whole tree once nothing runs; every slot must then be free (0 = no leak)."""
+        cache = self.pools.cache
+        if cache.supports_mamba():
+            cache.evict(EvictParams(num_tokens=cache.full_evictable_size(),
+                                    mamba_num=cache.mamba_evictable_size()))
+        else:
+            cache.evict(EvictParams(num_tokens=cache.full_evictable_size()))
+        out = {
+            "kv": self._kv_total - self.pools.allocator.available_size(),
+            "rows": self._rows_total - self.pools.req_to_token.available_size(),
+            "mamba": 0,
+        }
+        if self._mamba_total is not None:
+            out["mamba"] = self._mamba_total - self._mamba_free()
+        return out
+
+    def _mamba_free(self) -> int | None:
+        pool = getattr(self.pools.req_to_token, "mamba_pool", None)
+        return None if pool is None else self.pools.req_to_token.mamba_allocator.available_size()
+
+    def _record(self, batch: ScheduleBatch) -> Round:
+        chunked = self.sched.chunked_req.rid if self.sched.chunked_req is not None else None
+        rnd = Round(
+            len(self.rounds), [r.rid for r in batch.reqs],
+            {r.rid: r.extend_end - r.prefix_len for r in batch.reqs},
+            {r.rid: r.prefix_len for r in batch.reqs},
+            {r.rid: r.kv.mamba_last_track_seqlen for r in batch.reqs}, chunked,
+        )
+        self.rounds.append(rnd)
+        return rnd
+
+    def _forget(self, rid: str) -> None:
+        rf = getattr(self.sched, "_radixflow", None)
+        if rf is not None and rf.traversal is not None:
+            rf.traversal.forget(rid)

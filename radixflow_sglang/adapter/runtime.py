@@ -1,0 +1,215 @@
+"""RadixFlowRuntime: maps SGLang's Req / cache / scan onto the engine-free policy core.
+
+One runtime lives in each scheduler process. The scan in `scan.py` calls its hooks; every
+decision depends only on the waiting queue, the radix tree and the in-flight batches, which
+SGLang keeps identical on all tensor-parallel ranks, so every rank decides the same.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from radixflow_sglang.core.grid import Grid, Layout
+from radixflow_sglang.core.outcome import Blocking
+from radixflow_sglang.core.policy import PolicySpec, policy_spec
+from radixflow_sglang.core.producers import Producer
+from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
+from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
+
+from . import check_sglang_version
+
+check_sglang_version()
+
+from sglang.srt.runtime_context import mamba_cache_chunk_size  # noqa: E402
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.managers.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class RadixFlowConfig:
+    policy: str = "radixflow"
+    admission_ms: float | None = None
+    theta: int | None = None  # min ready-prefix gain worth a wait; default max(G, 64)
+    park_margin: int = 1  # rounds beyond the publish lag a request may stay parked
+    trace: str | None = None  # JSONL path for per-round and per-request events
+
+    @property
+    def spec(self) -> PolicySpec:
+        return policy_spec(self.policy, self.admission_ms)
+
+
+def namespace(req: Req) -> tuple:
+    # NOTE: the radix key's fields (mem_cache/common.py::_req_radix_key) plus the LoRA adapter.
+    return (req.extra_key, req.cache_salt, req.lora_id)
+
+
+def req_tokens(req: Req):
+    return req.origin_input_ids + req.output_ids if req.output_ids else req.origin_input_ids
+
+
+def cache_grid(sched: Scheduler) -> Grid:
+    cache = sched.tree_cache
+    if not cache.supports_mamba():
+        return Grid(Layout.FULL, sched.page_size)
+    layout = Layout.EXTRA_BUFFER if cache.enable_mamba_extra_buffer else Layout.NO_BUFFER
+    return Grid(layout, mamba_cache_chunk_size())
+
+
+class RadixFlowRuntime:
+    def __init__(self, cfg: RadixFlowConfig, grid: Grid, overlap: bool, clock=time.monotonic):
+        self.cfg = cfg
+        self.spec = cfg.spec
+        self.grid = grid
+        self.clock = clock
+        tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta)
+        self.traversal = Traversal(tcfg) if self.spec.traversal else None
+        self.totals = Totals()
+        self.requests: dict[str, RequestStats] = {}
+        self.round = 0
+        self.stats = RoundStats(0)
+        self._scan_reqs: dict[str, Req] = {}
+        self._trace = open(cfg.trace, "a", buffering=1) if cfg.trace else None  # noqa: SIM115
+
+    @classmethod
+    def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig) -> RadixFlowRuntime:
+        return cls(cfg, cache_grid(sched), bool(getattr(sched, "enable_overlap", False)))
+
+    # --- scan hooks (called from scan.py) ------------------------------------------------------
+    def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
+        self.round += 1
+        self._scan_reqs = {}
+        if self.traversal is None:
+            self.stats = RoundStats(self.round, t_start=self.clock())
+            return
+        slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
+        if self.grid.layout is Layout.NO_BUFFER and sched.chunked_req is None:
+            slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
+        self.stats = self.traversal.begin_round(self._inflight(sched), slots)
+        self.stats.t_start = self.clock()
+
+    def chunk_continued(self, sched: Scheduler, req: Req | None) -> None:
+        if req is not None and self.traversal is not None and req.extend_end > req.prefix_len:
+            self.traversal.admitted(self._producer(req, movable=False))
+
+    def park(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        self.stats.visited += 1
+        self._register(req)
+        t = self.traversal
+        if t is None or getattr(req, "session", None) is not None:
+            return False
+        tokens, ns = req_tokens(req), namespace(req)
+        if not t.may_block(req.rid, ns, tokens):
+            return False
+        # NOTE: probe the ready prefix without copy-on-write; admission re-matches natively.
+        req.init_next_round_input(sched.tree_cache, cow_mamba=False)
+        cand = Candidate(req.rid, ns, tokens, req.prefix_len,
+                         req._compute_max_prefix_len(len(tokens)))
+        b = t.classify(cand)
+        if b is None or not t.park(cand, b):
+            return False
+        release_parked(sched, req)
+        self._apply_fork(b, adder)
+        self.requests[req.rid].rounds_parked += 1
+        return True
+
+    def after_add(self, sched: Scheduler, req: Req, adder: PrefillAdder, res) -> None:
+        if not (adder.can_run_list and req is adder.can_run_list[-1]):
+            return
+        self.stats.ready += 1
+        rs = self.requests.get(req.rid)
+        if rs is not None and rs.first_selected is None:
+            rs.first_selected, rs.first_selected_round = self.clock(), self.round
+        if self.traversal is not None:
+            self._scan_reqs[req.rid] = req
+            self.traversal.admitted(self._producer(req, movable=True))
+
+    def end_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
+        run = adder.can_run_list
+        s = self.stats
+        s.rows = len(run)
+        s.scheduled_tokens = sum(r.extend_end - r.prefix_len for r in run)
+        s.hit_tokens = sum(r.prefix_len for r in run)
+        s.other = s.visited - s.ready - s.blocked
+        s.chunked = adder.new_chunked_req is not None or sched.chunked_req is not None
+        if self.traversal is not None:
+            self.traversal.end_round(r.rid for r in run)
+            s.wait_set = len(self.traversal.waits)
+        s.t_end = self.clock()
+        self.totals.add(s)
+        for r in run:
+            rs = self.requests.pop(r.rid, None)
+            if rs is not None:
+                self.totals.parked_max_rounds = max(self.totals.parked_max_rounds,
+                                                    rs.rounds_parked)
+                self._emit({"event": "selected", **rs.__dict__})
+        if s.rows or s.blocked:
+            self._emit({"event": "round", **s.as_dict()})
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _register(self, req: Req) -> None:
+        if req.rid not in self.requests:
+            self.requests[req.rid] = RequestStats(req.rid, self.clock())
+
+    def _producer(self, req: Req, movable: bool) -> Producer:
+        prefix, end = req.prefix_len, req.extend_end
+        extend = end - prefix
+        publish = self.grid.planned_depth(prefix, extend, req.mamba_branching_seqlen)
+        return Producer(req.rid, namespace(req), list(req_tokens(req)[:end]), prefix, extend,
+                        publish, movable)
+
+    def _inflight(self, sched: Scheduler) -> list[Producer]:
+        """Producers of extend batches whose results are not processed yet (overlap loop)."""
+        out = []
+        for batch, _ in getattr(sched, "result_queue", ()):
+            if not batch.forward_mode.is_extend():
+                continue
+            for r in batch.reqs:
+                if not r.is_retracted and r.extend_end > r.prefix_len:
+                    out.append(self._producer(r, movable=False))
+        return out
+
+    def _apply_fork(self, b: Blocking, adder: PrefillAdder) -> None:
+        """Make the producer publish at the fork depth (before prepare_for_extend reads it)."""
+        if not b.fork:
+            return
+        p = self.traversal.index.get(b.producer)
+        req = self._scan_reqs[b.producer]
+        if self.grid.layout is Layout.EXTRA_BUFFER:
+            # NOTE: read by ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend.
+            req.mamba_branching_seqlen = p.publish
+            return
+        cut = req.extend_end - p.publish  # no_buffer: end this extend at the fork as a chunk
+        if cut <= 0:
+            return
+        assert adder.new_chunked_req in (None, req)
+        req.extend_end = p.publish
+        p.extend = p.publish - p.prefix
+        adder.new_chunked_req = req
+        # NOTE: give the compute budget back (KV stays reserved: conservative, never short).
+        adder.rem_input_tokens += cut
+        if adder.rem_chunk_tokens is not None:
+            adder.rem_chunk_tokens += cut
+        adder.log_input_tokens -= cut
+
+    def _emit(self, record: dict) -> None:
+        if self._trace is not None:
+            self._trace.write(json.dumps(record, default=str) + "\n")
+
+
+def release_parked(sched: Scheduler, req: Req) -> None:
+    """Free what a parked request holds, exactly as the scan's own revert of a rejected request
+    (scheduler.py `_get_new_batch_prefill_raw`, after `add_one_req`): the deferred copy-on-write
+    source and clear flag, and a freshly allocated mamba slot (never a session's)."""
+    req.kv.mamba_cow_src_index = None
+    req.kv.mamba_needs_clear = False
+    if req.kv.holds_mamba and not getattr(req, "session", None):
+        sched.tree_cache.req_to_token_pool.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
+        req.kv.mamba_pool_idx = None
+
+

@@ -1,0 +1,44 @@
+"""RadixFlowScheduler: SGLang 0.5.23's Scheduler with the RadixFlow prefill scan installed."""
+
+from __future__ import annotations
+
+import os
+
+from . import check_sglang_version
+
+check_sglang_version()
+
+from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+
+from .runtime import RadixFlowConfig, RadixFlowRuntime  # noqa: E402
+from .scan import get_new_batch_prefill_raw  # noqa: E402
+
+ENV_PREFIX = "RADIXFLOW_"
+
+
+def config_from_env(env: dict[str, str] | None = None) -> RadixFlowConfig:
+    """The launcher passes its flags to spawned scheduler processes through the environment."""
+    env = os.environ if env is None else env
+    ms = env.get(ENV_PREFIX + "ADMISSION_MS")
+    theta = env.get(ENV_PREFIX + "THETA")
+    return RadixFlowConfig(
+        policy=env.get(ENV_PREFIX + "POLICY", "radixflow"),
+        admission_ms=float(ms) if ms else None,
+        theta=int(theta) if theta else None,
+        park_margin=int(env.get(ENV_PREFIX + "PARK_MARGIN", "1")),
+        trace=env.get(ENV_PREFIX + "TRACE") or None,
+    )
+
+
+class RadixFlowScheduler(Scheduler):
+    radixflow_config: RadixFlowConfig | None = None  # None: read from the environment
+    _radixflow: RadixFlowRuntime | None = None
+
+    @property
+    def radixflow(self) -> RadixFlowRuntime:
+        if self._radixflow is None:
+            cfg = self.radixflow_config or config_from_env()
+            self._radixflow = RadixFlowRuntime.for_scheduler(self, cfg)
+        return self._radixflow
+
+    _get_new_batch_prefill_raw = get_new_batch_prefill_raw

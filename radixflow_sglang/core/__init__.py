@@ -1,0 +1,1 @@
+"""Engine-free policy core: readiness outcomes, producer index, wait set, admission rules."""

@@ -1,0 +1,52 @@
+"""Named policies (the paper's Table 1 rows) and what each one is composed of."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = (
+    "stock", "radix", "timer5", "timer10", "flex", "traversal", "radixflow", "radixflow-frag",
+)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    native_class: bool  # stock: SGLang's unmodified scheduler class
+    traversal: bool  # state-ready traversal + fork-point publication
+    admission: str | None  # None | "flex" (early release rules) | "timer" (deadline or rows only)
+    admission_ms: float  # hold at most this long
+    frag: bool  # fragmentation guard
+
+    def describe(self) -> str:
+        parts = ["SGLang's unmodified scheduler" if self.native_class else "native selection"]
+        if self.admission == "timer":
+            parts.append(f"timer hold {self.admission_ms:g} ms (deadline or full rows)")
+        elif self.admission == "flex":
+            parts.append(f"flexible admission (<= {self.admission_ms:g} ms, early release)")
+        if self.traversal:
+            parts.append("state-ready traversal + fork-point publication")
+        if self.frag:
+            parts.append("fragmentation guard")
+        return " + ".join(parts)
+
+
+def policy_spec(name: str, admission_ms: float | None = None) -> PolicySpec:
+    if name not in POLICIES:
+        raise ValueError(
+            f"--radixflow-policy: invalid choice {name!r} (choose from {', '.join(POLICIES)})"
+        )
+    if admission_ms is not None and not 0 <= admission_ms <= 1000:
+        raise ValueError(f"--radixflow-admission-ms: {admission_ms} is outside [0, 1000]")
+    flex_ms = 5.0 if admission_ms is None else admission_ms
+    table = {
+        "stock": (True, False, None, 0.0, False),
+        "radix": (False, False, None, 0.0, False),
+        "timer5": (False, False, "timer", 5.0, False),
+        "timer10": (False, False, "timer", 10.0, False),
+        "flex": (False, False, "flex", flex_ms, False),
+        "traversal": (False, True, None, 0.0, False),
+        "radixflow": (False, True, "flex", flex_ms, False),
+        "radixflow-frag": (False, True, "flex", flex_ms, True),
+    }
+    return PolicySpec(name, *table[name])

@@ -1,0 +1,61 @@
+"""Per-round and per-request counters, as plain data for traces and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RoundStats:
+    round: int
+    visited: int = 0
+    ready: int = 0
+    blocked: int = 0
+    other: int = 0
+    wait_set: int = 0
+    rows: int = 0
+    scheduled_tokens: int = 0
+    hit_tokens: int = 0
+    forks: int = 0  # producers moved to publish at a fork point
+    released_by_bound: int = 0  # parked too long: handed to native handling
+    chunked: bool = False
+    held: int = 0  # requests held back by admission this round
+    released_by_admission: str = ""  # why held requests were released ("" = none held)
+    frag_deferred: int = 0
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RequestStats:
+    rid: str
+    registered: float
+    first_selected: float | None = None
+    first_selected_round: int | None = None
+    rounds_parked: int = 0
+    completed: float | None = None
+
+
+@dataclass
+class Totals:
+    rounds: int = 0
+    blocked: int = 0
+    forks: int = 0
+    released_by_bound: int = 0
+    parked_max_rounds: int = 0
+    frag_deferred: int = 0
+    scheduled_tokens: int = 0
+    hit_tokens: int = 0
+    per_round: list[RoundStats] = field(default_factory=list)
+
+    def add(self, r: RoundStats) -> None:
+        self.rounds += 1
+        self.blocked += r.blocked
+        self.forks += r.forks
+        self.released_by_bound += r.released_by_bound
+        self.frag_deferred += r.frag_deferred
+        self.scheduled_tokens += r.scheduled_tokens
+        self.hit_tokens += r.hit_tokens

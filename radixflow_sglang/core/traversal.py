@@ -1,0 +1,127 @@
+"""State-ready traversal (the paper's Algorithm 1), engine-free.
+
+Each round the adapter visits waiting requests in native order. For each it asks `classify`:
+Blocked when a live producer in the same cache namespace will publish a state that gives the
+request a ready prefix at least `theta` tokens longer than it has now, at a depth it can match
+(<= input length - 1). Blocked requests are parked (wait set) and rechecked next round;
+everything else keeps native handling. When the producer's own publish depth lies past the
+fork point, the producer is moved to publish at the grid-aligned fork depth instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from .grid import Grid, Layout
+from .outcome import Blocking
+from .producers import Producer, ProducerIndex
+from .stats import RoundStats
+from .waitset import WaitSet
+
+
+@dataclass(frozen=True)
+class TraversalConfig:
+    grid: Grid
+    theta: int  # minimum gain in ready tokens worth a wait
+    max_park_rounds: int  # publish lag (1 normal, 2 overlap) plus a margin
+
+    @staticmethod
+    def default(grid: Grid, overlap: bool, margin: int = 1, theta: int | None = None):
+        lag = 2 if overlap else 1
+        # NOTE: full attention publishes every page, so G is 1 there; wait for >= 64 tokens.
+        return TraversalConfig(grid, theta or max(grid.size, 64), lag + margin)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    rid: str
+    namespace: Hashable
+    tokens: Sequence[int]
+    ready: int  # ready prefix under the current cache
+    max_prefix: int  # matchable length: input length - 1
+
+
+class Traversal:
+    def __init__(self, cfg: TraversalConfig) -> None:
+        self.cfg = cfg
+        self.index = ProducerIndex(block=min(64, cfg.theta))
+        self.waits = WaitSet(cfg.max_park_rounds)
+        self.round = 0
+        self.stats = RoundStats(0)
+        self.fork_slots = 0  # producers that may still be moved this round (no_buffer: 1)
+
+    # --- round lifecycle -------------------------------------------------------------------
+    def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
+        """Start a scan: producers are only the in-flight ones (results not processed yet)."""
+        self.round += 1
+        self.index = ProducerIndex(block=self.index.block)
+        for p in inflight:
+            p.movable = False
+            self.index.add(p)
+        self.fork_slots = fork_slots
+        self.stats = RoundStats(self.round)
+        return self.stats
+
+    def end_round(self, selected: Iterable[str]) -> RoundStats:
+        for rid in selected:
+            self.waits.release(rid)
+        self.stats.wait_set = len(self.waits)
+        return self.stats
+
+    # --- per request -----------------------------------------------------------------------
+    def may_block(self, rid: str, namespace: Hashable, tokens: Sequence[int]) -> bool:
+        """Cheap pre-check (no cache match): is there any live producer sharing >= a block?"""
+        if len(self.index) == 0:
+            return False
+        return self.index.longest(namespace, tokens, exclude=rid) is not None
+
+    def classify(self, c: Candidate) -> Blocking | None:
+        """Blocked(c) per the module docstring; None means native handling. No side effects."""
+        hit = self.index.longest(c.namespace, c.tokens, exclude=c.rid)
+        if hit is None:
+            return None
+        p, common = hit
+        reach = min(common, c.max_prefix)
+        g = self.cfg.grid
+        if g.layout is Layout.FULL:
+            depth, fork = (g.fork_depth(p.prefix, p.extend, reach) or 0), False
+        elif p.publish is not None and p.publish <= reach:
+            depth, fork = p.publish, False
+        elif p.movable and (p.forked or self.fork_slots > 0):
+            depth, fork = g.fork_depth(p.prefix, p.extend, reach), True
+            if depth is None or (g.layout is Layout.EXTRA_BUFFER and depth - p.prefix < g.size):
+                return None
+        else:
+            return None
+        if depth - c.ready < self.cfg.theta:
+            return None
+        return Blocking(p.rid, depth, c.ready, fork)
+
+    def park(self, c: Candidate, b: Blocking) -> bool:
+        """Park a Blocked request; False when its bound is spent (caller goes native)."""
+        if not self.waits.may_park(c.rid):
+            self.waits.release(c.rid)
+            self.stats.released_by_bound += 1
+            return False
+        p = self.index.get(b.producer)
+        assert p is not None
+        if b.fork and (p.publish is None or b.depth < p.publish):
+            if not p.forked:
+                self.fork_slots -= 1
+                p.forked = True
+                self.stats.forks += 1
+            p.publish = b.depth
+        p.consumers.append(c.rid)
+        self.waits.park(c.rid, self.round, b.producer, b.depth)
+        self.stats.blocked += 1
+        return True
+
+    def admitted(self, p: Producer) -> None:
+        """A request the native admission selected becomes a producer for later candidates."""
+        self.waits.release(p.rid)
+        self.index.add(p)
+
+    def forget(self, rid: str) -> None:
+        self.waits.forget(rid)
+        self.index.remove(rid)

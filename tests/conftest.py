@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a plain folder of scripts, importable from root
+warnings.filterwarnings("ignore", category=UserWarning)
+
+
+@pytest.fixture
+def make_kit():
+    """Kit factory on SGLang's real classes: make_kit(model, layout, policy, **KitConfig)."""
+    from radixflow_sglang.adapter.kit import Kit, KitConfig
+
+    def build(model="qwen3.5-4b", layout="extra_buffer", policy="stock", radixflow_config=None,
+              **cfg):
+        return Kit(KitConfig(model=model, layout=layout, **cfg), policy=policy,
+                   radixflow_config=radixflow_config)
+
+    return build
