@@ -110,7 +110,9 @@ def spec_for_dir(model_dir: Path) -> TokenizerSpec:
     try:
         return SPECS[_SPEC_BY_MODEL_TYPE[model_type]]
     except KeyError:
-        raise ValueError(f"{model_dir}: no offline tokenizer for model_type {model_type!r}")
+        raise ValueError(
+            f"{model_dir}: no offline tokenizer for model_type {model_type!r}"
+        ) from None
 
 
 # --------------------------------------------------------------------------- ranks -> BPE
@@ -173,9 +175,16 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tupl
 
 
 def build_backend(spec: TokenizerSpec) -> Tokenizer:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
     from tokenizers import models as tk_models
-    from tokenizers import processors
 
     ranks = load_ranks(spec)
     vocab, merges = vocab_and_merges(ranks)
@@ -190,14 +199,13 @@ def build_backend(spec: TokenizerSpec) -> Tokenizer:
     ])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_tokens([_added_token(AddedToken, s) for s in spec.specials])
+    tok.add_tokens([
+        AddedToken(s, special=s not in NON_SPECIAL, normalized=False, lstrip=False, rstrip=False,
+                   single_word=False)
+        for s in spec.specials
+    ])
     _check_special_ids(tok, spec, len(ranks))
     return tok
-
-
-def _added_token(added_token_cls: type, content: str) -> object:
-    return added_token_cls(content, special=content not in NON_SPECIAL, normalized=False,
-                           lstrip=False, rstrip=False, single_word=False)
 
 
 def _check_special_ids(tok: Tokenizer, spec: TokenizerSpec, first_id: int) -> None:

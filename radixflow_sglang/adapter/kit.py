@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -221,6 +222,8 @@ class Kit:
     policy: str = "stock"
     radixflow_config: object | None = None
     geometry: Geometry | None = None
+    clock: Callable[[], float] | None = None  # the runtime's clock (the twin: virtual time)
+    sleep: Callable[[float], None] | None = None  # what a holding scheduler waits with
 
     def __post_init__(self) -> None:
         self.geometry = self.geometry or load_geometry(self.cfg.model)
@@ -228,11 +231,20 @@ class Kit:
         cls = scheduler_class(self.policy, self.radixflow_config)
         self.sched = make_scheduler(cls, self.pools, self.cfg, self.geometry)
         self.sched.result_queue = deque()  # in-flight batches (overlap: processed one round late)
+        rf = self.runtime
+        if rf is not None:
+            rf.clock = self.clock or rf.clock
+            rf.sleep = self.sleep or (lambda _s: None)
         self.rounds: list[Round] = []
         self.finished: dict[str, Req] = {}
         self._kv_total = self.pools.allocator.available_size()
         self._mamba_total = self._mamba_free()
         self._rows_total = self.pools.req_to_token.available_size()
+
+    @property
+    def runtime(self):
+        """The scheduler's RadixFlowRuntime (None for stock)."""
+        return getattr(self.sched, "radixflow", None)
 
     # --- requests ----------------------------------------------------------------------------
     def req(self, rid: str, ids, namespace: str | None = None, max_new_tokens: int = 1) -> Req:
@@ -258,10 +270,9 @@ class Kit:
         s = self.sched
         if s.chunked_req is not None and s.chunked_req.extend_end > s.chunked_req.prefix_len:
             checkpoint_kv_cache(s.chunked_req, self.pools.cache)  # as get_next_batch_to_run
-        batch, s.running_batch = s._get_new_batch_prefill_raw(
-            prefill_delayer_single_pass=None, running_batch=s.running_batch
-        )
-        return batch
+        plan = s.get_new_batch_prefill(s.running_batch)  # NOTE: our override holds here
+        s.running_batch = plan.running_batch
+        return plan.batch_to_run
 
     def step(self) -> Round | None:
         """One scheduler iteration: scan, launch, process (the previous batch under overlap)."""
@@ -338,6 +349,5 @@ class Kit:
         return rnd
 
     def _forget(self, rid: str) -> None:
-        rf = getattr(self.sched, "_radixflow", None)
-        if rf is not None and rf.traversal is not None:
-            rf.traversal.forget(rid)
+        if self.runtime is not None:
+            self.runtime.forget(rid)

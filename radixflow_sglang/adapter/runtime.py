@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from radixflow_sglang.core.admission import Agreement, Demand, Gate, local_agreement
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.policy import PolicySpec, policy_spec
@@ -37,6 +38,7 @@ class RadixFlowConfig:
     admission_ms: float | None = None
     theta: int | None = None  # min ready-prefix gain worth a wait; default max(G, 64)
     park_margin: int = 1  # rounds beyond the publish lag a request may stay parked
+    frag_cap: int = 2  # rounds a request may be deferred by the fragmentation guard
     trace: str | None = None  # JSONL path for per-round and per-request events
 
     @property
@@ -75,6 +77,14 @@ class RadixFlowRuntime:
         self.stats = RoundStats(0)
         self._scan_reqs: dict[str, Req] = {}
         self._trace = open(cfg.trace, "a", buffering=1) if cfg.trace else None  # noqa: SIM115
+        adm = self.spec.admission
+        self.gate = Gate(adm, self.spec.admission_ms) if adm else None
+        self.agreement: Agreement = local_agreement
+        self.sleep = time.sleep  # NOTE: the twin swaps in virtual time
+        self.held_iterations = 0
+        self.overtakes = 0
+        self.frag_deferred: dict[str, int] = {}
+        self._release_reason = ""
 
     @classmethod
     def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig) -> RadixFlowRuntime:
@@ -84,6 +94,8 @@ class RadixFlowRuntime:
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
         self.round += 1
         self._scan_reqs = {}
+        if len(self.requests) > 2 * len(sched.waiting_queue) + 1024:
+            self._prune(sched)
         if self.traversal is None:
             self.stats = RoundStats(self.round, t_start=self.clock())
             return
@@ -140,6 +152,9 @@ class RadixFlowRuntime:
         if self.traversal is not None:
             self.traversal.end_round(r.rid for r in run)
             s.wait_set = len(self.traversal.waits)
+        s.released_by_admission, self._release_reason = self._release_reason, ""
+        if self.spec.admission == "timer" and run:
+            self._count_overtakes(sched, run)
         s.t_end = self.clock()
         self.totals.add(s)
         for r in run:
@@ -151,7 +166,91 @@ class RadixFlowRuntime:
         if s.rows or s.blocked:
             self._emit({"event": "round", **s.as_dict()})
 
+    # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
+    def hold(self, sched: Scheduler, running_batch) -> bool:
+        """True: keep the queue out of this round (flexible admission / timer control)."""
+        queue = sched.waiting_queue
+        if self.gate is None or not queue:
+            return False
+        now = self.clock()
+        for r in queue:
+            self._register(r)
+        if all(self.requests[r.rid].eligible for r in queue):
+            return False  # NOTE: a request is held once at most; parked ones are not re-held
+        demand = self._demand(sched, running_batch, queue)
+        decision = self.gate.decide(demand, now)
+        if decision.reason == "deadline" or decision.hold:
+            decision = self.agreement(decision)  # NOTE: the only clock-dependent outcomes
+        if not decision.hold:
+            self._release_reason = decision.reason
+            for r in queue:
+                self.requests[r.rid].eligible = True
+            return False
+        self.held_iterations += 1
+        wait = min(self.gate.wake_in(demand, now), self.gate.deadline_s)
+        poller = getattr(sched, "recv_from_tokenizer", None)
+        if hasattr(poller, "poll"):
+            poller.poll(timeout=max(1, int(wait * 1000)))  # wake on arrival or the deadline
+        elif wait > 0:
+            self.sleep(wait)
+        return True
+
+    def _demand(self, sched: Scheduler, running_batch, queue) -> Demand:
+        busy = (not running_batch.is_empty() or sched.chunked_req is not None
+                or len(getattr(sched, "result_queue", ())) > 0)
+        rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
+        budget, chunk = sched.max_prefill_tokens, sched.chunked_prefill_size
+        budget = min(budget, chunk) if chunk and chunk > 0 else budget
+        residual = sum(len(r.origin_input_ids) + len(r.output_ids) for r in queue)
+        if residual >= budget and not busy:  # NOTE: match only when the bound alone can't decide
+            residual = 0
+            for r in queue:
+                r.init_next_round_input(sched.tree_cache, cow_mamba=False)
+                release_parked(sched, r)
+                residual += len(r.origin_input_ids) + len(r.output_ids) - r.prefix_len
+        oldest = min(self.requests[r.rid].registered for r in queue
+                     if not self.requests[r.rid].eligible)
+        return Demand(len(queue), oldest, busy, rows, budget, residual)
+
+    def frag_defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        """+Frag: a request the residual chunk budget would cut into a fragment that publishes
+        no state (extend < G) waits for a later round; capped per request."""
+        if not self.spec.frag or adder.rem_chunk_tokens is None or not adder.can_run_list:
+            return False
+        left = adder.rem_chunk_tokens
+        extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+        if extend <= left or left >= self.grid.size:
+            return False
+        n = self.frag_deferred.get(req.rid, 0)
+        if n >= self.cfg.frag_cap:
+            return False
+        self.frag_deferred[req.rid] = n + 1
+        self.stats.frag_deferred += 1
+        release_parked(sched, req)
+        return True
+
     # --- helpers ---------------------------------------------------------------------------
+    def _count_overtakes(self, sched: Scheduler, run) -> None:
+        chosen = {r.rid for r in run}
+        waiting = [self.requests[r.rid].registered for r in sched.waiting_queue
+                   if r.rid not in chosen and r.rid in self.requests]
+        if waiting:
+            first = min(waiting)
+            self.overtakes += sum(1 for r in run if r.rid in self.requests
+                                  and self.requests[r.rid].registered > first)
+
+    def forget(self, rid: str) -> None:
+        """The request left the scheduler without being selected (aborted): drop its records."""
+        self.requests.pop(rid, None)
+        self.frag_deferred.pop(rid, None)
+        if self.traversal is not None:
+            self.traversal.forget(rid)
+
+    def _prune(self, sched: Scheduler) -> None:
+        live = {r.rid for r in sched.waiting_queue}
+        for rid in [rid for rid in self.requests if rid not in live]:
+            self.forget(rid)
+
     def _register(self, req: Req) -> None:
         if req.rid not in self.requests:
             self.requests[req.rid] = RequestStats(req.rid, self.clock())

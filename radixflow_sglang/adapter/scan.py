@@ -214,6 +214,8 @@ def get_new_batch_prefill_raw(
                 req.host_hit_is_storage = False
 
         req.init_next_round_input(self.tree_cache)
+        if rf.frag_defer(self, req, adder):  # RADIXFLOW: +Frag defers a stateless fragment
+            continue  # RADIXFLOW
         if self.enable_hicache_storage and (
             self._prefetch_after_device_hit_loss(req)
         ):

@@ -8,7 +8,7 @@ from . import check_sglang_version
 
 check_sglang_version()
 
-from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+from sglang.srt.managers.scheduler import NextBatchPlan, Scheduler  # noqa: E402
 
 from .runtime import RadixFlowConfig, RadixFlowRuntime  # noqa: E402
 from .scan import get_new_batch_prefill_raw  # noqa: E402
@@ -42,3 +42,8 @@ class RadixFlowScheduler(Scheduler):
         return self._radixflow
 
     _get_new_batch_prefill_raw = get_new_batch_prefill_raw
+
+    def get_new_batch_prefill(self, running_batch):
+        if self.radixflow.hold(self, running_batch):
+            return NextBatchPlan(batch_to_run=None, running_batch=running_batch)
+        return super().get_new_batch_prefill(running_batch)

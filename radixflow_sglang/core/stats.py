@@ -36,6 +36,7 @@ class RequestStats:
     first_selected: float | None = None
     first_selected_round: int | None = None
     rounds_parked: int = 0
+    eligible: bool = False  # released by admission (or never held)
     completed: float | None = None
 
 
