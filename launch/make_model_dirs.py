@@ -94,7 +94,7 @@ def _fix_nemotron_h(cfg: dict) -> dict:
     return cfg
 
 
-_FIXES = {"qwen3_5": _fix_qwen3_5, "qwen3_next": _fix_qwen3_5, "nemotron_h": _fix_nemotron_h}
+_FIXES = {"qwen3_5": _fix_qwen3_5, "nemotron_h": _fix_nemotron_h}
 
 
 def make_config(reference: dict) -> dict:

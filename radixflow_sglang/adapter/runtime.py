@@ -166,6 +166,20 @@ class RadixFlowRuntime:
         if s.rows or s.blocked:
             self._emit({"event": "round", **s.as_dict()})
 
+    def summary(self) -> dict:
+        """Counters for /server_info and metrics (plain data)."""
+        t = self.totals
+        return {
+            "policy": self.spec.name, "composition": self.spec.describe(),
+            "grid": self.grid.size, "layout": self.grid.layout.value,
+            "rounds": t.rounds, "blocked": t.blocked, "forks": t.forks,
+            "released_by_bound": t.released_by_bound, "parked_max_rounds": t.parked_max_rounds,
+            "frag_deferred": t.frag_deferred, "scheduled_tokens": t.scheduled_tokens,
+            "hit_tokens": t.hit_tokens, "held_iterations": self.held_iterations,
+            "overtakes": self.overtakes,
+            "wait_set": len(self.traversal.waits) if self.traversal is not None else 0,
+        }
+
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
     def hold(self, sched: Scheduler, running_batch) -> bool:
         """True: keep the queue out of this round (flexible admission / timer control)."""

@@ -43,6 +43,11 @@ class RadixFlowScheduler(Scheduler):
 
     _get_new_batch_prefill_raw = get_new_batch_prefill_raw
 
+    def get_internal_state(self, recv_req):
+        out = super().get_internal_state(recv_req)
+        out.internal_state["radixflow"] = self.radixflow.summary()  # shown by /server_info
+        return out
+
     def get_new_batch_prefill(self, running_batch):
         if self.radixflow.hold(self, running_batch):
             return NextBatchPlan(batch_to_run=None, running_batch=running_batch)

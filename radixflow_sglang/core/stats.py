@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 
 @dataclass
@@ -50,7 +50,6 @@ class Totals:
     frag_deferred: int = 0
     scheduled_tokens: int = 0
     hit_tokens: int = 0
-    per_round: list[RoundStats] = field(default_factory=list)
 
     def add(self, r: RoundStats) -> None:
         self.rounds += 1

@@ -1,0 +1,677 @@
+"""Scheduler twin: the paper's workload through SGLang's real scheduling code, in virtual time.
+
+The scheduler is the real one (`radixflow_sglang.adapter.kit.Kit`: SGLang 0.5.23's pools,
+UnifiedRadixCache, Req and prefill scan, stock or ours); only the GPU is simulated. A batch
+takes `cost(batch)` seconds of virtual time (`eval/costmodel.py`), nothing else takes time.
+
+Protocol
+--------
+* A question's four branches arrive together at its `arrival_s` and are appended to the
+  kit's waiting queue at once, in branch order, each with the question's namespace as
+  `extra_key` (so branches of different namespaces never share cache entries).
+* The clock `now` is the time of the scheduler's next scan. Before each scan every question
+  that has arrived by `now` is submitted. When nothing is waiting, chunked or in flight, the
+  clock jumps to the next arrival.
+* One `Kit.step()` = scan + launch + result processing. A launched batch occupies the GPU for
+  [start, end) with start = max(now, end of the previous batch), end = start + cost. After
+  the step, `now` advances to the end of every batch whose result the step processed: without
+  overlap that is the batch just launched; under overlap it is the previous one (the scan of
+  batch N+1 runs while batch N computes, as SGLang's overlap loop does), so the scan happens
+  at the end of batch N-1 and a request arriving later waits for the scan after batch N.
+* A branch completes at the end of the batch that computed its last token (under overlap its
+  result is processed one step later, but the completion time is still that batch's end).
+  A question's latency is arrival -> completion of its fourth branch.
+* A scan that launches nothing and processes nothing while requests wait (an admission hold,
+  a full pool) costs no GPU time; the clock advances by IDLE_TICK_S (or to the next arrival,
+  if sooner) and the scheduler scans again, so clock-driven policies see time pass.
+* The runtime's clock (`sched.radixflow.clock`) reads the virtual `now`.
+* Segments are replayed IN SEQUENCE on one kit (one server, as the GPU benchmark does): the
+  next segment's arrival times are offset to the instant the previous one has fully drained.
+  Their namespaces carry the segment tag, so segments share no cache hits, but they do share
+  the pools (entries of earlier segments are evicted by LRU as space is needed). Per-segment
+  and per-regime numbers are therefore clean: no two segments overlap in time.
+
+Capacity bound L_cap
+--------------------
+The fewest rounds ANY scheduler with budgets (S rows, T tokens per round) could use on the
+workload, ignoring arrival times and cache capacity. Per segment s with R_s requests:
+
+    U_s   = sum over namespaces of the size of the token trie of that namespace's requests,
+            where each request also counts at least one token (SGLang matches at most
+            len - 1 tokens, so a duplicate still computes one): the tokens that must be
+            computed at least once if every shared prefix were computed exactly once
+    L_cap = sum over segments of max(ceil(U_s / T), ceil(R_s / S))
+
+Every request needs a row in at least one round and every unique token is computed in some
+round; segments never share a round (each drains before the next starts), hence the sum.
+The grid of hybrid models (states only at multiples of G) can only add tokens, so this stays
+a lower bound. `rounds / L_cap` >= 1 measures how far a policy is from perfectly full rounds.
+
+Latency decomposition vs stock ("Eq. 2 style": our own, exact by construction)
+------------------------------------------------------------------------------
+For an arm, N = mean over questions of the rounds it waited through (rounds whose end lies in
+(arrival, completion]) and C = L / N with L its mean latency: the effective cost of one waited
+round (it includes partial rounds and idle gaps, by definition L = N * C exactly). Then
+
+    L_arm - L_stock = (N_arm - N_stock) * C_stock      "round credit" (fewer rounds waited)
+                    + (C_arm - C_stock) * N_arm        "cost shift"   (each round costs more/less)
+
+The same split is given for total GPU busy time (rounds * mean round cost). Negative = faster.
+
+Conservation checks (raise ConservationError): every branch completes exactly once, every
+request's chunks are contiguous (prefix_{i+1} = prefix_i + extend_i) and end at its input
+length, and the tokens scheduled over all rounds equal sum over requests of
+(input_len - prefix at first selection); `hit_tokens` is that sum of first-selection prefixes,
+so scheduled_tokens + hit_tokens == input_tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from eval.costmodel import CostModel, default_cost
+from eval.workload import Question, Segment
+
+IDLE_TICK_S = 5e-4  # virtual time a scan that does nothing takes (admission holds)
+MAX_IDLE_SCANS = 200_000  # 100 s of virtual time without progress: raise
+
+METRIC_KEYS = (
+    "requests", "rounds", "scheduled_tokens", "hit_tokens", "input_tokens", "reuse",
+    "rows_per_round", "tokens_per_round", "latency_mean_s", "latency_p50_s", "latency_p95_s",
+    "latency_p99_s", "sender_lag_mean_s", "first_selection_mean_s", "blocked",
+    "parked_max_rounds", "leaked_kv_slots", "leaked_mamba_slots",
+)
+
+
+class ConservationError(AssertionError):
+    """The replay broke an accounting invariant (see module docstring)."""
+
+
+@dataclass
+class RoundRecord:
+    index: int
+    segment: int
+    scan_s: float  # when the scan that formed it ran
+    start_s: float
+    end_s: float
+    rows: int
+    tokens: int
+    hit_tokens: int  # sum of the rows' prefixes (a continued chunk's own prefix included)
+    attn_pairs: float
+
+    @property
+    def cost_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class QuestionRecord:
+    qid: str
+    segment: int
+    arrival_s: float  # absolute virtual time
+    completion_s: float = math.nan
+    rounds_waited: int = 0
+
+    @property
+    def latency_s(self) -> float:
+        return self.completion_s - self.arrival_s
+
+
+@dataclass
+class _Branch:
+    rid: str
+    question: int  # index into the question records
+    input_len: int
+    arrival_s: float
+    first_selection_s: float | None = None
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # (prefix, extend) per round
+    last_round: int = -1
+    completion_s: float | None = None
+
+
+@dataclass
+class SegmentInfo:
+    name: str
+    regime: str
+    order: str
+    start_s: float
+    end_s: float
+    questions: int
+    l_cap: int
+    unique_tokens: int
+    blocked: int = 0
+
+
+@dataclass
+class ArmResult:
+    policy: str
+    model: str
+    layout: str
+    overlap: bool
+    seed: int
+    metrics: dict[str, Any] | None = None
+    error: str | None = None
+    rounds: list[RoundRecord] = field(default_factory=list)
+    questions: list[QuestionRecord] = field(default_factory=list)
+    segments: list[SegmentInfo] = field(default_factory=list)
+    cost: CostModel | None = None
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def round_rows(self) -> list[int]:
+        return [r.rows for r in self.rounds]
+
+    @property
+    def round_tokens(self) -> list[int]:
+        return [r.tokens for r in self.rounds]
+
+    @property
+    def latencies(self) -> list[float]:
+        return [q.latency_s for q in self.questions]
+
+    def segment_metrics(self) -> dict[str, dict[str, Any]]:
+        return (self.metrics or {}).get("per_segment", {})
+
+    def regime_metrics(self) -> dict[str, dict[str, Any]]:
+        return (self.metrics or {}).get("per_regime", {})
+
+
+class _FinishLog(dict):
+    """Kit.finished that also logs every insertion (a second insertion = double completion)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+
+    def __setitem__(self, key, value) -> None:
+        self.log.append(key)
+        super().__setitem__(key, value)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+
+def as_segments(questions_or_segments: Segment | Iterable[Segment | Question]) -> list[Segment]:
+    """A Segment, a list of Segments, or a list of Questions (one segment "custom")."""
+    if isinstance(questions_or_segments, Segment):
+        return [questions_or_segments]
+    items = list(questions_or_segments)
+    if all(isinstance(x, Segment) for x in items):
+        return items
+    if all(isinstance(x, Question) for x in items):
+        return [Segment("custom", "forward", tuple(items))]
+    raise TypeError("expected Segments or Questions, not a mix")
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+def unique_tokens(questions: Iterable[Question]) -> int:
+    """Token-trie size per namespace, each request counting at least one token (see L_cap)."""
+    by_ns: dict[str, list[list[int]]] = {}
+    for q in questions:
+        for b in q.branches:
+            by_ns.setdefault(b.namespace, []).append(b.input_ids)
+    total = 0
+    for seqs in by_ns.values():
+        seqs = sorted(seqs)
+        prev: Sequence[int] = ()
+        for s in seqs:
+            total += max(1, len(s) - _lcp(prev, s))
+            prev = s
+    return total
+
+
+def capacity_bound(segment: Segment, rows: int, tokens: int) -> tuple[int, int]:
+    """(L_cap of one segment, its unique tokens U)."""
+    u = unique_tokens(segment.questions)
+    n = sum(len(q.branches) for q in segment.questions)
+    return max(math.ceil(u / tokens), math.ceil(n / rows)), u
+
+
+# --------------------------------------------------------------------------------------------
+# Replay
+# --------------------------------------------------------------------------------------------
+
+
+def replay(
+    questions_or_segments: Segment | Iterable[Segment | Question],
+    model: str,
+    policy: str,
+    *,
+    layout: str = "extra_buffer",
+    overlap: bool = False,
+    cost: CostModel | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    kit_overrides: dict[str, Any] | None = None,
+    radixflow_config: Any = None,
+) -> ArmResult:
+    """Replay segments in sequence through a fresh Kit in virtual time; raise on any violation.
+
+    `seed` only labels the result: the replay itself is deterministic (arrival times come with
+    the questions). `kit_overrides` go to KitConfig (rows, tokens, kv_tokens, ...).
+    """
+    from radixflow_sglang.adapter.kit import Kit, KitConfig
+
+    t_wall = time.perf_counter()
+    segments = as_segments(questions_or_segments)
+    cost = cost or default_cost(model)
+    kit = Kit(KitConfig(model=model, layout=layout, overlap=overlap, **(kit_overrides or {})),
+              policy=policy, radixflow_config=radixflow_config)
+    finished = _FinishLog()
+    kit.finished = finished
+    sched = kit.sched
+    clock = {"now": 0.0}
+    rt = None
+    if policy != "stock":
+        rt = sched.radixflow
+        rt.clock = lambda: clock["now"]
+    geo = kit.geometry
+    rows_budget = kit.cfg.rows or geo.rows
+    tokens_budget = kit.cfg.tokens or geo.tokens
+
+    result = ArmResult(policy, model, layout, overlap, seed, cost=cost)
+    branches: dict[str, _Branch] = {}
+    counters = {"held": 0, "frag_deferred_rounds": 0, "scan_rounds": 0}
+    last_stats_round = [0]
+    n_questions = sum(len(s) for s in segments)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n_questions, desc=f"{model} {policy}", unit="q", leave=False)
+
+    def note_stats() -> None:
+        if rt is None:
+            return
+        st = rt.stats
+        if st.round != last_stats_round[0]:
+            last_stats_round[0] = st.round
+            counters["scan_rounds"] += 1
+            counters["held"] += int(getattr(st, "held", 0) or 0)
+
+    seen_log = 0
+    q_done: list[int] = []
+    now = 0.0
+    gpu_free = 0.0
+    for si, seg in enumerate(segments):
+        l_cap, u = capacity_bound(seg, rows_budget, tokens_budget)
+        offset = now
+        info = SegmentInfo(seg.name, seg.regime, seg.order, offset, offset, len(seg), l_cap, u)
+        blocked0 = rt.totals.blocked if rt is not None else 0
+        pending: deque[int] = deque()
+        for q in sorted(seg.questions, key=lambda q: q.arrival_s):
+            qi = len(result.questions)
+            result.questions.append(QuestionRecord(q.qid, si, offset + q.arrival_s))
+            q_done.append(0)
+            pending.append(qi)
+            for b in q.branches:
+                if b.rid in branches:
+                    raise ValueError(f"duplicate request id {b.rid!r}")
+                branches[b.rid] = _Branch(b.rid, qi, len(b.input_ids), offset + q.arrival_s)
+        by_index = {id(q): q for q in seg.questions}
+        seg_questions = sorted(seg.questions, key=lambda q: q.arrival_s)
+        qobj = {qi: qq for qi, qq in zip(pending, seg_questions, strict=True)}
+        del by_index
+        inflight: deque[float] = deque()  # end times of launched, unprocessed batches
+        idle = 0
+        while True:
+            while pending and result.questions[pending[0]].arrival_s <= now:
+                q = qobj[pending.popleft()]
+                kit.submit(*[kit.req(b.rid, b.input_ids, b.namespace) for b in q.branches])
+            busy = sched.waiting_queue or sched.chunked_req is not None or sched.result_queue
+            if not busy:
+                if not pending:
+                    break
+                now = max(now, result.questions[pending[0]].arrival_s)
+                continue
+            clock["now"] = now
+            before = len(sched.result_queue)
+            rnd = kit.step()
+            note_stats()
+            if rnd is not None:
+                c = cost.batch(rnd.extend, rnd.prefix)
+                start = max(now, gpu_free)
+                end = start + c
+                gpu_free = end
+                inflight.append(end)
+                ri = len(result.rounds)
+                if rnd.index != ri:
+                    raise ConservationError(f"kit round {rnd.index} recorded as round {ri}")
+                result.rounds.append(RoundRecord(
+                    ri, si, now, start, end, len(rnd.rids), rnd.scheduled_tokens,
+                    sum(rnd.prefix.values()), c - cost(len(rnd.rids), rnd.scheduled_tokens)
+                    if cost.delta == 0 else _pairs(rnd)))
+                if len(set(rnd.rids)) != len(rnd.rids):
+                    raise ConservationError(f"round {ri} selects a request twice: {rnd.rids}")
+                for rid in rnd.rids:
+                    br = branches.get(rid)
+                    if br is None:
+                        raise ConservationError(f"round {ri} selects unknown request {rid!r}")
+                    if br.completion_s is not None:
+                        raise ConservationError(f"round {ri} selects completed request {rid!r}")
+                    if br.first_selection_s is None:
+                        br.first_selection_s = now
+                    br.chunks.append((rnd.prefix[rid], rnd.extend[rid]))
+                    br.last_round = ri
+            popped = before + (rnd is not None) - len(sched.result_queue)
+            for _ in range(popped):
+                now = max(now, inflight.popleft())
+            # completions
+            log = finished.log
+            while seen_log < len(log):
+                rid = log[seen_log]
+                seen_log += 1
+                br = branches.get(rid)
+                if br is None:
+                    raise ConservationError(f"unknown request {rid!r} completed")
+                if br.completion_s is not None:
+                    raise ConservationError(f"request {rid!r} completed twice")
+                if br.last_round < 0:
+                    raise ConservationError(f"request {rid!r} completed without being selected")
+                br.completion_s = result.rounds[br.last_round].end_s
+                qi = br.question
+                q_done[qi] += 1
+                qr = result.questions[qi]
+                qr.completion_s = (br.completion_s if q_done[qi] == 1
+                                   else max(qr.completion_s, br.completion_s))
+                if q_done[qi] == len(qobj[qi].branches) and bar is not None:
+                    bar.update(1)
+            if rnd is None and popped == 0:
+                idle += 1
+                if idle > MAX_IDLE_SCANS:
+                    raise RuntimeError(
+                        f"{policy}: no progress for {idle} scans at t={now:.3f}s with "
+                        f"{len(sched.waiting_queue)} waiting")
+                nxt = result.questions[pending[0]].arrival_s if pending else math.inf
+                now = min(nxt, now + IDLE_TICK_S) if nxt > now else now
+            else:
+                idle = 0
+        if inflight:
+            raise ConservationError(f"segment {seg.name}: {len(inflight)} batches never processed")
+        now = max(now, gpu_free)
+        info.end_s = now
+        info.blocked = (rt.totals.blocked if rt is not None else 0) - blocked0
+        result.segments.append(info)
+    if bar is not None:
+        bar.close()
+
+    leaks = kit.leaks()
+    _check_conservation(result, branches)
+    ends = [r.end_s for r in result.rounds]
+    for qr in result.questions:
+        qr.rounds_waited = bisect_right(ends, qr.completion_s) - bisect_right(ends, qr.arrival_s)
+    result.metrics = _all_metrics(result, branches, rt, leaks, counters, rows_budget,
+                                  tokens_budget)
+    result.wall_s = time.perf_counter() - t_wall
+    return result
+
+
+def _pairs(rnd) -> float:
+    from eval.costmodel import attn_pairs
+
+    return attn_pairs(rnd.extend, rnd.prefix)
+
+
+def _check_conservation(result: ArmResult, branches: dict[str, _Branch]) -> None:
+    missing = [rid for rid, b in branches.items() if b.completion_s is None]
+    if missing:
+        raise ConservationError(f"{len(missing)} requests never completed, e.g. {missing[:3]}")
+    expected = 0
+    for rid, b in branches.items():
+        p0 = b.chunks[0][0]
+        pos = p0
+        for i, (p, e) in enumerate(b.chunks):
+            if p != pos:
+                raise ConservationError(
+                    f"{rid}: chunk {i} starts at prefix {p}, previous chunk ended at {pos}")
+            if e <= 0:
+                raise ConservationError(f"{rid}: chunk {i} extends {e} tokens")
+            pos = p + e
+        if pos != b.input_len:
+            raise ConservationError(f"{rid}: computed up to {pos} of {b.input_len} input tokens")
+        expected += b.input_len - p0
+    scheduled = sum(r.tokens for r in result.rounds)
+    if scheduled != expected:
+        raise ConservationError(
+            f"scheduled {scheduled} tokens, requests needed {expected} beyond their first hit")
+    for q in result.questions:
+        if not q.completion_s >= q.arrival_s:
+            raise ConservationError(f"{q.qid}: completion {q.completion_s} before arrival")
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+
+
+def _pct(xs: np.ndarray, p: float) -> float:
+    return float(np.percentile(xs, p)) if xs.size else math.nan
+
+
+def _metrics(rounds: Sequence[RoundRecord], questions: Sequence[QuestionRecord],
+             brs: Sequence[_Branch]) -> dict[str, Any]:
+    lat = np.array([q.latency_s for q in questions], dtype=float)
+    sched = sum(r.tokens for r in rounds)
+    inp = sum(b.input_len for b in brs)
+    hit = sum(b.chunks[0][0] for b in brs)
+    n = len(rounds)
+    busy = sum(r.cost_s for r in rounds)
+    waited = np.array([q.rounds_waited for q in questions], dtype=float)
+    return {
+        "questions": len(questions),
+        "requests": len(brs),
+        "rounds": n,
+        "scheduled_tokens": sched,
+        "hit_tokens": hit,
+        "input_tokens": inp,
+        "reuse": hit / inp if inp else 0.0,
+        "rows_per_round": sum(r.rows for r in rounds) / n if n else 0.0,
+        "tokens_per_round": sched / n if n else 0.0,
+        "latency_mean_s": float(lat.mean()) if lat.size else math.nan,
+        "latency_p50_s": _pct(lat, 50),
+        "latency_p95_s": _pct(lat, 95),
+        "latency_p99_s": _pct(lat, 99),
+        "sender_lag_mean_s": 0.0,  # arrivals are exact in virtual time
+        "first_selection_mean_s": float(np.mean([b.first_selection_s - b.arrival_s
+                                                 for b in brs])) if brs else math.nan,
+        "busy_s": busy,
+        "mean_round_cost_s": busy / n if n else 0.0,
+        "rounds_waited_mean": float(waited.mean()) if waited.size else 0.0,
+    }
+
+
+def _all_metrics(result: ArmResult, branches: dict[str, _Branch], rt, leaks: dict[str, int],
+                 counters: dict[str, int], rows: int, tokens: int) -> dict[str, Any]:
+    by_q: dict[int, list[_Branch]] = {}
+    for b in branches.values():
+        by_q.setdefault(b.question, []).append(b)
+
+    def subset(seg_ids: set[int]) -> dict[str, Any]:
+        rs = [r for r in result.rounds if r.segment in seg_ids]
+        qs = [(i, q) for i, q in enumerate(result.questions) if q.segment in seg_ids]
+        brs = [b for i, _ in qs for b in by_q[i]]
+        m = _metrics(rs, [q for _, q in qs], brs)
+        segs = [s for i, s in enumerate(result.segments) if i in seg_ids]
+        m["l_cap"] = sum(s.l_cap for s in segs)
+        m["unique_tokens"] = sum(s.unique_tokens for s in segs)
+        m["rounds_over_l_cap"] = m["rounds"] / m["l_cap"] if m["l_cap"] else math.nan
+        m["blocked"] = sum(s.blocked for s in segs)
+        m["makespan_s"] = sum(s.end_s - s.start_s for s in segs)
+        return m
+
+    m = subset(set(range(len(result.segments))))
+    totals = rt.totals if rt is not None else None
+    m["blocked"] = totals.blocked if totals else 0
+    m["parked_max_rounds"] = totals.parked_max_rounds if totals else 0
+    m["forks"] = totals.forks if totals else 0
+    m["released_by_bound"] = totals.released_by_bound if totals else 0
+    m["frag_deferred"] = totals.frag_deferred if totals else 0
+    m["held"] = counters["held"]
+    m["leaked_kv_slots"] = leaks.get("kv", 0)
+    m["leaked_mamba_slots"] = leaks.get("mamba", 0)
+    m["leaked_rows"] = leaks.get("rows", 0)
+    m["row_budget"] = rows
+    m["token_budget"] = tokens
+    m["per_segment"] = {s.name: subset({i}) for i, s in enumerate(result.segments)}
+    regimes: dict[str, set[int]] = {}
+    for i, s in enumerate(result.segments):
+        regimes.setdefault(s.regime, set()).add(i)
+    m["per_regime"] = {reg: subset(ids) for reg, ids in regimes.items()}
+    missing = [k for k in METRIC_KEYS if k not in m]
+    assert not missing, missing
+    return m
+
+
+def eq2_split(arm: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """Latency (and busy-time) difference arm - base = round credit + cost shift (docstring)."""
+    n_a, n_b = arm["rounds_waited_mean"], base["rounds_waited_mean"]
+    l_a, l_b = arm["latency_mean_s"], base["latency_mean_s"]
+    c_a = l_a / n_a if n_a else 0.0
+    c_b = l_b / n_b if n_b else 0.0
+    r_a, r_b = arm["rounds"], base["rounds"]
+    k_a, k_b = arm["mean_round_cost_s"], base["mean_round_cost_s"]
+    return {
+        "latency_diff_s": l_a - l_b,
+        "round_credit_s": (n_a - n_b) * c_b,
+        "cost_shift_s": (c_a - c_b) * n_a,
+        "rounds_waited": n_a,
+        "rounds_waited_base": n_b,
+        "cost_per_waited_round_s": c_a,
+        "cost_per_waited_round_base_s": c_b,
+        "busy_diff_s": arm["busy_s"] - base["busy_s"],
+        "busy_round_credit_s": (r_a - r_b) * k_b,
+        "busy_cost_shift_s": (k_a - k_b) * r_a,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Which policies have landed (computed by trying)
+# --------------------------------------------------------------------------------------------
+
+_FEATURES = ("traversal", "admission", "frag")
+_PROBE_CACHE: dict[tuple, str | None] = {}
+
+
+def _features(spec) -> dict[str, Any]:
+    return {"traversal": spec.traversal, "admission": spec.admission, "frag": spec.frag}
+
+
+def _without(policy: str, feature: str) -> str | None:
+    """The named policy with the same composition minus one feature (None if there is none)."""
+    from radixflow_sglang.core.policy import POLICIES, policy_spec
+
+    want = _features(policy_spec(policy))
+    want[feature] = None if feature == "admission" else False
+    for p in POLICIES:
+        spec = policy_spec(p)
+        if not spec.native_class and _features(spec) == want:
+            return p
+    return None
+
+
+def probe_segments(seed: int = 0) -> list[Segment]:
+    """A small workload that exercises sharing, chunking and partial rounds."""
+    from eval.workload import arrange, offered_trace, synthetic
+
+    qs = synthetic(10, profile="mix", seed=seed)
+    return [Segment(r, "forward", tuple(offered_trace(arrange(qs, r, tag=f"probe-{r}"),
+                                                      rate=20.0, seed=seed)))
+            for r in ("reuse", "mixed")]
+
+
+def _selections(res: ArmResult) -> list[int]:
+    return [r.tokens for r in res.rounds] + [r.rows for r in res.rounds]
+
+
+def landed(policy: str, model: str, layout: str = "extra_buffer", overlap: bool = False) -> str | None:
+    """None if `policy` runs in the kit and each of its features shows an effect; else why not.
+
+    Computed by trying, on `probe_segments()`: the Kit must build and the probe must replay
+    with every conservation check passing; then each feature of the policy's composition
+    (traversal, admission, fragmentation guard) must show evidence: its runtime counter is
+    nonzero (blocked, held, frag_deferred) or the round-by-round rows/tokens differ from the
+    same composition without that feature. A policy whose name is accepted but whose feature
+    the runtime does not implement yet therefore does not count as landed.
+    """
+    key = (policy, model, layout, overlap)
+    if key in _PROBE_CACHE:
+        return _PROBE_CACHE[key]
+    from radixflow_sglang.core.policy import policy_spec
+
+    try:
+        spec = policy_spec(policy)
+        segs = probe_segments()
+        res = replay(segs, model, policy, layout=layout, overlap=overlap)
+    except Exception as e:  # noqa: BLE001 - any failure means "not landed", with the reason
+        reason = f"{type(e).__name__}: {e}"
+        _PROBE_CACHE[key] = reason
+        return reason
+    counters = {"traversal": res.metrics["blocked"], "admission": res.metrics["held"],
+                "frag": res.metrics["frag_deferred"]}
+    reason = None
+    for feat, on in _features(spec).items():
+        if not on or counters[feat] > 0:
+            continue
+        base = _without(policy, feat)
+        differs = False
+        if base is not None:
+            try:
+                b = replay(segs, model, base, layout=layout, overlap=overlap)
+                differs = _selections(b) != _selections(res)
+            except Exception:  # noqa: BLE001
+                differs = False
+        if not differs:
+            reason = (f"policy {policy!r} is accepted but its {feat} feature shows no effect in "
+                      f"the kit (probe: counter 0 and rounds identical to {base!r}); "
+                      "not landed yet")
+            break
+    _PROBE_CACHE[key] = reason
+    return reason
+
+
+def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str = "extra_buffer",
+            overlap: bool = False, cost: CostModel | None = None, seed: int = 0,
+            progress: bool = False) -> ArmResult:
+    """`replay` behind the landed check: a failed arm carries its error and no numbers."""
+    t0 = time.perf_counter()
+    why = landed(policy, model, layout, overlap)
+    if why is not None:
+        return ArmResult(policy, model, layout, overlap, seed, error=why,
+                         wall_s=time.perf_counter() - t0)
+    try:
+        res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
+                     seed=seed, progress=progress)
+    except Exception as e:  # noqa: BLE001
+        return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
+                         wall_s=time.perf_counter() - t0)
+    res.wall_s = time.perf_counter() - t0
+    return res
+
+
+__all__ = [
+    "METRIC_KEYS", "ArmResult", "ConservationError", "RoundRecord", "QuestionRecord",
+    "SegmentInfo", "as_segments", "capacity_bound", "eq2_split", "landed", "probe_segments",
+    "replay", "run_arm", "unique_tokens", "replace",
+]
