@@ -12,9 +12,9 @@ average, half of its own extend).
 Derivation of the defaults (first principles; the paper's Tables 6/9 are not available to us)
 --------------------------------------------------------------------------------------------
 Hardware assumptions: one H200, dense bf16 peak ~790 TFLOP/s (conservative: NVIDIA lists 989
-for the SXM part), prefill model FLOP utilisation MFU = 0.5, HBM bandwidth 4.8 TB/s. Every number below is an
-*assumption* of this model, not a measurement; `fit()` replaces alpha/beta/gamma with a least-
-squares fit as soon as a GPU trace exists.
+for the SXM part), prefill model FLOP utilisation MFU = 0.5, HBM bandwidth 4.8 TB/s. Every
+number below is an *assumption* of this model, not a measurement; `fit()` replaces
+alpha/beta/gamma with a least-squares fit as soon as a GPU trace exists.
 
 beta (s per scheduled token). A dense transformer spends 2 FLOPs per parameter per token in
 its matmuls. Parameters that do no matmul per token are left out: the input embedding is a

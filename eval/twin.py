@@ -72,12 +72,12 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from eval.costmodel import CostModel, default_cost
+from eval.costmodel import CostModel, attn_pairs, default_cost
 from eval.workload import Question, Segment
 
 IDLE_TICK_S = 5e-4  # virtual time a scan that does nothing takes (admission holds)
@@ -277,39 +277,35 @@ def replay(
     t_wall = time.perf_counter()
     segments = as_segments(questions_or_segments)
     cost = cost or default_cost(model)
+    clock = {"now": 0.0, "next_arrival": math.inf}
+
+    def virtual_sleep(seconds: float) -> None:
+        # A holding scheduler waits on its request socket: it wakes at the deadline or when the
+        # next request arrives, whichever is first.
+        clock["now"] = min(clock["now"] + max(0.0, seconds), max(clock["now"],
+                                                                  clock["next_arrival"]))
+
     kit = Kit(KitConfig(model=model, layout=layout, overlap=overlap, **(kit_overrides or {})),
-              policy=policy, radixflow_config=radixflow_config)
+              policy=policy, radixflow_config=radixflow_config,
+              clock=lambda: clock["now"], sleep=virtual_sleep)
     finished = _FinishLog()
     kit.finished = finished
     sched = kit.sched
-    clock = {"now": 0.0}
-    rt = None
-    if policy != "stock":
-        rt = sched.radixflow
-        rt.clock = lambda: clock["now"]
+    rt = kit.runtime
+    if rt is not None and rt.clock() != clock["now"]:
+        raise RuntimeError("the kit's runtime does not read the virtual clock")
     geo = kit.geometry
     rows_budget = kit.cfg.rows or geo.rows
     tokens_budget = kit.cfg.tokens or geo.tokens
 
     result = ArmResult(policy, model, layout, overlap, seed, cost=cost)
     branches: dict[str, _Branch] = {}
-    counters = {"held": 0, "frag_deferred_rounds": 0, "scan_rounds": 0}
-    last_stats_round = [0]
     n_questions = sum(len(s) for s in segments)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=n_questions, desc=f"{model} {policy}", unit="q", leave=False)
-
-    def note_stats() -> None:
-        if rt is None:
-            return
-        st = rt.stats
-        if st.round != last_stats_round[0]:
-            last_stats_round[0] = st.round
-            counters["scan_rounds"] += 1
-            counters["held"] += int(getattr(st, "held", 0) or 0)
 
     seen_log = 0
     q_done: list[int] = []
@@ -321,19 +317,17 @@ def replay(
         info = SegmentInfo(seg.name, seg.regime, seg.order, offset, offset, len(seg), l_cap, u)
         blocked0 = rt.totals.blocked if rt is not None else 0
         pending: deque[int] = deque()
-        for q in sorted(seg.questions, key=lambda q: q.arrival_s):
+        qobj: dict[int, Question] = {}
+        for q in sorted(seg.questions, key=lambda q: q.arrival_s):  # stable: send order kept
             qi = len(result.questions)
             result.questions.append(QuestionRecord(q.qid, si, offset + q.arrival_s))
             q_done.append(0)
             pending.append(qi)
+            qobj[qi] = q
             for b in q.branches:
                 if b.rid in branches:
                     raise ValueError(f"duplicate request id {b.rid!r}")
                 branches[b.rid] = _Branch(b.rid, qi, len(b.input_ids), offset + q.arrival_s)
-        by_index = {id(q): q for q in seg.questions}
-        seg_questions = sorted(seg.questions, key=lambda q: q.arrival_s)
-        qobj = {qi: qq for qi, qq in zip(pending, seg_questions, strict=True)}
-        del by_index
         inflight: deque[float] = deque()  # end times of launched, unprocessed batches
         idle = 0
         while True:
@@ -347,9 +341,9 @@ def replay(
                 now = max(now, result.questions[pending[0]].arrival_s)
                 continue
             clock["now"] = now
+            clock["next_arrival"] = result.questions[pending[0]].arrival_s if pending else math.inf
             before = len(sched.result_queue)
             rnd = kit.step()
-            note_stats()
             if rnd is not None:
                 c = cost.batch(rnd.extend, rnd.prefix)
                 start = max(now, gpu_free)
@@ -361,8 +355,7 @@ def replay(
                     raise ConservationError(f"kit round {rnd.index} recorded as round {ri}")
                 result.rounds.append(RoundRecord(
                     ri, si, now, start, end, len(rnd.rids), rnd.scheduled_tokens,
-                    sum(rnd.prefix.values()), c - cost(len(rnd.rids), rnd.scheduled_tokens)
-                    if cost.delta == 0 else _pairs(rnd)))
+                    sum(rnd.prefix.values()), attn_pairs(rnd.extend, rnd.prefix)))
                 if len(set(rnd.rids)) != len(rnd.rids):
                     raise ConservationError(f"round {ri} selects a request twice: {rnd.rids}")
                 for rid in rnd.rids:
@@ -375,6 +368,8 @@ def replay(
                         br.first_selection_s = now
                     br.chunks.append((rnd.prefix[rid], rnd.extend[rid]))
                     br.last_round = ri
+            slept = clock["now"] > now  # an admission hold slept in virtual time
+            now = max(now, clock["now"])
             popped = before + (rnd is not None) - len(sched.result_queue)
             for _ in range(popped):
                 now = max(now, inflight.popleft())
@@ -404,8 +399,8 @@ def replay(
                     raise RuntimeError(
                         f"{policy}: no progress for {idle} scans at t={now:.3f}s with "
                         f"{len(sched.waiting_queue)} waiting")
-                nxt = result.questions[pending[0]].arrival_s if pending else math.inf
-                now = min(nxt, now + IDLE_TICK_S) if nxt > now else now
+                if not slept:
+                    now = min(clock["next_arrival"], now + IDLE_TICK_S)
             else:
                 idle = 0
         if inflight:
@@ -422,16 +417,9 @@ def replay(
     ends = [r.end_s for r in result.rounds]
     for qr in result.questions:
         qr.rounds_waited = bisect_right(ends, qr.completion_s) - bisect_right(ends, qr.arrival_s)
-    result.metrics = _all_metrics(result, branches, rt, leaks, counters, rows_budget,
-                                  tokens_budget)
+    result.metrics = _all_metrics(result, branches, rt, leaks, rows_budget, tokens_budget)
     result.wall_s = time.perf_counter() - t_wall
     return result
-
-
-def _pairs(rnd) -> float:
-    from eval.costmodel import attn_pairs
-
-    return attn_pairs(rnd.extend, rnd.prefix)
 
 
 def _check_conservation(result: ArmResult, branches: dict[str, _Branch]) -> None:
@@ -503,7 +491,7 @@ def _metrics(rounds: Sequence[RoundRecord], questions: Sequence[QuestionRecord],
 
 
 def _all_metrics(result: ArmResult, branches: dict[str, _Branch], rt, leaks: dict[str, int],
-                 counters: dict[str, int], rows: int, tokens: int) -> dict[str, Any]:
+                 rows: int, tokens: int) -> dict[str, Any]:
     by_q: dict[int, list[_Branch]] = {}
     for b in branches.values():
         by_q.setdefault(b.question, []).append(b)
@@ -528,7 +516,7 @@ def _all_metrics(result: ArmResult, branches: dict[str, _Branch], rt, leaks: dic
     m["forks"] = totals.forks if totals else 0
     m["released_by_bound"] = totals.released_by_bound if totals else 0
     m["frag_deferred"] = totals.frag_deferred if totals else 0
-    m["held"] = counters["held"]
+    m["held_iterations"] = getattr(rt, "held_iterations", 0) if rt is not None else 0
     m["leaked_kv_slots"] = leaks.get("kv", 0)
     m["leaked_mamba_slots"] = leaks.get("mamba", 0)
     m["leaked_rows"] = leaks.get("rows", 0)
@@ -591,21 +579,38 @@ def _without(policy: str, feature: str) -> str | None:
     return None
 
 
-def probe_segments(seed: int = 0) -> list[Segment]:
-    """A small workload that exercises sharing, chunking and partial rounds."""
-    from eval.workload import arrange, offered_trace, synthetic
+def probe_segments(seed: int = 0, tokens: int = 8192) -> list[Segment]:
+    """A small workload that exercises sharing, parking, admission holds and a fragment.
+
+    Two synthetic segments (reuse and mixed regimes, 10 questions at 20 q/s: shared prefixes,
+    chunked long documents, partial rounds), then a burst of two unrelated requests of
+    tokens - 40 and 500 tokens: after the first, the round has 40 < G tokens left, so the
+    second would be cut into a fragment too short to publish a state.
+    """
+    import random
+
+    from eval.workload import Branch, arrange, offered_trace, synthetic
 
     qs = synthetic(10, profile="mix", seed=seed)
-    return [Segment(r, "forward", tuple(offered_trace(arrange(qs, r, tag=f"probe-{r}"),
+    segs = [Segment(r, "forward", tuple(offered_trace(arrange(qs, r, tag=f"probe-{r}"),
                                                       rate=20.0, seed=seed)))
             for r in ("reuse", "mixed")]
+    rng = random.Random(seed)
+    burst = tuple(
+        Question(f"probe-frag-{i}", f"probe-frag-{i}",
+                 (Branch(f"probe-frag/{i}", [rng.randrange(1000, 100_000) for _ in range(n)],
+                         f"probe-frag/{i}", 0),), 0, 0)
+        for i, n in enumerate((tokens - 40, 500)))
+    return [*segs, Segment("cold", "forward", burst)]
 
 
 def _selections(res: ArmResult) -> list[int]:
     return [r.tokens for r in res.rounds] + [r.rows for r in res.rounds]
 
 
-def landed(policy: str, model: str, layout: str = "extra_buffer", overlap: bool = False) -> str | None:
+def landed(
+    policy: str, model: str, layout: str = "extra_buffer", overlap: bool = False
+) -> str | None:
     """None if `policy` runs in the kit and each of its features shows an effect; else why not.
 
     Computed by trying, on `probe_segments()`: the Kit must build and the probe must replay
@@ -622,13 +627,15 @@ def landed(policy: str, model: str, layout: str = "extra_buffer", overlap: bool 
 
     try:
         spec = policy_spec(policy)
-        segs = probe_segments()
+        from radixflow_sglang.geometry import load_geometry
+
+        segs = probe_segments(tokens=load_geometry(model).tokens)
         res = replay(segs, model, policy, layout=layout, overlap=overlap)
     except Exception as e:  # noqa: BLE001 - any failure means "not landed", with the reason
         reason = f"{type(e).__name__}: {e}"
         _PROBE_CACHE[key] = reason
         return reason
-    counters = {"traversal": res.metrics["blocked"], "admission": res.metrics["held"],
+    counters = {"traversal": res.metrics["blocked"], "admission": res.metrics["held_iterations"],
                 "frag": res.metrics["frag_deferred"]}
     reason = None
     for feat, on in _features(spec).items():
@@ -673,5 +680,5 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
 __all__ = [
     "METRIC_KEYS", "ArmResult", "ConservationError", "RoundRecord", "QuestionRecord",
     "SegmentInfo", "as_segments", "capacity_bound", "eq2_split", "landed", "probe_segments",
-    "replay", "run_arm", "unique_tokens", "replace",
+    "replay", "run_arm", "unique_tokens",
 ]

@@ -23,7 +23,7 @@ cmd="${1:-test}"; shift || true
 case "$cmd" in
   serve)  exec "$PY" -m radixflow_sglang.launch_server "$@" ;;
   test)   "$PY" -m ruff check radixflow_sglang eval tests
-          exec "$PY" -m pytest "$@" ;;
+          exec "$PY" -m pytest -q "$@" ;;
   replay) exec "$PY" eval/replay.py "$@" ;;
   lint)   exec "$PY" -m ruff check radixflow_sglang eval tests ;;
   *)      echo "usage: bash scripts/run.sh {serve|test|replay|lint} [args...]" >&2; exit 2 ;;

@@ -17,8 +17,8 @@ def make_kit():
     from radixflow_sglang.adapter.kit import Kit, KitConfig
 
     def build(model="qwen3.5-4b", layout="extra_buffer", policy="stock", radixflow_config=None,
-              **cfg):
+              clock=None, **cfg):
         return Kit(KitConfig(model=model, layout=layout, **cfg), policy=policy,
-                   radixflow_config=radixflow_config)
+                   radixflow_config=radixflow_config, clock=clock)
 
     return build

@@ -12,7 +12,8 @@ from radixflow_sglang import launch_server as ls
 
 def test_radixflow_flags_map_to_env_and_pass_sglang_args_through():
     ns, rest = ls.parse(["--model-path", "m", "--radixflow-policy", "traversal",
-                         "--radixflow-admission-ms", "7.5", "--radixflow-theta", "128", "--tp", "2"])
+                         "--radixflow-admission-ms", "7.5", "--radixflow-theta", "128",
+                         "--tp", "2"])
     assert rest == ["--model-path", "m", "--tp", "2"]
     env = ls.radixflow_env(ns)
     assert env["RADIXFLOW_POLICY"] == "traversal"

@@ -41,15 +41,16 @@ class Gate:
     def decide(self, d: Demand, now: float) -> Decision:
         if d.held == 0:
             return Decision(False, "none")
+        # NOTE: rank-identical rules first; only the deadline reads this rank's clock.
         if d.free_rows > 0 and d.held >= d.free_rows:
             return Decision(False, "rows")
-        if now - d.oldest_arrival >= self.deadline_s:
-            return Decision(False, "deadline")
         if self.mode == "flex":
             if d.busy:
                 return Decision(False, "busy")
             if d.residual_tokens >= d.token_budget:
                 return Decision(False, "tokens")
+        if now - d.oldest_arrival >= self.deadline_s:
+            return Decision(False, "deadline")
         return Decision(True, "hold")
 
     def wake_in(self, d: Demand, now: float) -> float:

@@ -1,0 +1,32 @@
+"""Rank agreement for the admission gate: every attention-TP rank takes rank 0's decision.
+
+Wall clocks differ per rank; the gate's clock-dependent outcome is broadcast from the group's
+first rank over SGLang's CPU (gloo) group, as SGLang's PrefillDelayer shares its state
+(managers/prefill_delayer.py `_gather_info`). Rank-identical outcomes are not broadcast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from radixflow_sglang.core.admission import Agreement, Decision, local_agreement
+
+REASONS = ("hold", "deadline", "busy", "rows", "tokens", "none")
+
+
+def group_agreement(group) -> Agreement:
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return local_agreement
+    src = dist.get_global_rank(group, 0)
+
+    def share(decision: Decision) -> Decision:
+        t = torch.tensor([int(decision.hold), REASONS.index(decision.reason)], dtype=torch.int64)
+        dist.broadcast(t, src=src, group=group)
+        return Decision(bool(t[0]), REASONS[int(t[1])])
+
+    return share
+
+
+def scheduler_agreement(sched) -> Agreement:
+    return group_agreement(getattr(sched, "attn_tp_cpu_group", None))
