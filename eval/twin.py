@@ -272,6 +272,22 @@ def replay(
     `seed` only labels the result: the replay itself is deterministic (arrival times come with
     the questions). `kit_overrides` go to KitConfig (rows, tokens, kv_tokens, ...).
     """
+    import torch
+
+    # NOTE: the kit's CPU tensors are small; torch's intra-op threads only contend (the pool's
+    # free-list torch.cat ran 10x slower with 2 threads on a busy 2-core machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _replay(questions_or_segments, model, policy, layout=layout, overlap=overlap,
+                       cost=cost, seed=seed, progress=progress, kit_overrides=kit_overrides,
+                       radixflow_config=radixflow_config)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
+            kit_overrides, radixflow_config) -> ArmResult:
     from radixflow_sglang.adapter.kit import Kit, KitConfig
 
     t_wall = time.perf_counter()
@@ -618,29 +634,33 @@ def landed(
     (traversal, admission, fragmentation guard) must show evidence: its runtime counter is
     nonzero (blocked, held, frag_deferred) or the round-by-round rows/tokens differ from the
     same composition without that feature. A policy whose name is accepted but whose feature
-    the runtime does not implement yet therefore does not count as landed.
+    the runtime does not implement yet therefore does not count as landed. Exception: the
+    fragmentation guard is vacuous on full attention (G = 1: no fragment is shorter than G),
+    so it needs no evidence there.
     """
     key = (policy, model, layout, overlap)
     if key in _PROBE_CACHE:
         return _PROBE_CACHE[key]
     from radixflow_sglang.core.policy import policy_spec
+    from radixflow_sglang.geometry import load_geometry
 
     try:
         spec = policy_spec(policy)
-        from radixflow_sglang.geometry import load_geometry
-
         segs = probe_segments(tokens=load_geometry(model).tokens)
         res = replay(segs, model, policy, layout=layout, overlap=overlap)
     except Exception as e:  # noqa: BLE001 - any failure means "not landed", with the reason
-        reason = f"{type(e).__name__}: {e}"
+        reason = f"probe replay failed: {type(e).__name__}: {e}"
         _PROBE_CACHE[key] = reason
         return reason
     counters = {"traversal": res.metrics["blocked"], "admission": res.metrics["held_iterations"],
                 "frag": res.metrics["frag_deferred"]}
     reason = None
+    grid = load_geometry(model).grid
     for feat, on in _features(spec).items():
         if not on or counters[feat] > 0:
             continue
+        if feat == "frag" and grid <= 1:
+            continue  # full attention: no extend is shorter than G = 1, the guard is vacuous
         base = _without(policy, feat)
         differs = False
         if base is not None:

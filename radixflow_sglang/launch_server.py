@@ -116,10 +116,24 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
+def simulated_args(rest: list[str]) -> list[str]:
+    """CPU serving: SGLang resolves its args for `--device cpu`; an idle loop should sleep."""
+    extra = []
+    if not any(a == "--device" or a.startswith("--device=") for a in rest):
+        extra += ["--device", "cpu"]
+    if "--sleep-on-idle" not in rest:
+        extra.append("--sleep-on-idle")
+    return rest + extra
+
+
 def scheduler_entry(executor: str):
     if executor == "simulated":
-        from radixflow_sglang.adapter.simulated import run_scheduler_process_simulated
+        from radixflow_sglang.adapter.simulated import (
+            allow_extra_buffer_on_cpu,
+            run_scheduler_process_simulated,
+        )
 
+        allow_extra_buffer_on_cpu()
         return run_scheduler_process_simulated
     from radixflow_sglang.adapter.entry import run_scheduler_process
 
@@ -133,8 +147,10 @@ def main(argv: list[str] | None = None) -> None:
         logger.info("no --model-path: serving the embedded Qwen3.5-0.8B geometry (dummy weights)")
         rest = embedded_args() + rest
     executor = ns.radixflow_executor or ("model" if gpu_available() else "simulated")
-    if ns.radixflow_executor is None and executor == "simulated":
-        logger.info("no GPU found: using the simulated executor (CPU cost model, real scheduler)")
+    if executor == "simulated":
+        if ns.radixflow_executor is None:
+            logger.info("no GPU found: simulated executor (CPU cost model, SGLang's scheduler)")
+        rest = simulated_args(rest)
     os.environ.update(radixflow_env(ns))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

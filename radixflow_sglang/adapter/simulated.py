@@ -7,14 +7,22 @@ TpModelWorker -> ModelRunner (model load, attention backends, CUDA graphs) the s
 `SimulatedWorker` that builds SGLang's real pools on CPU from the model config and, per
 forward, sleeps a cost-model time and emits one deterministic token per request.
 
-    launch_simulated_server(["--model-path", "launch/models/qwen3.5-0.8b", ...])
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python -m radixflow_sglang.adapter.simulated \
+        --model-path launch/models/qwen3.5-0.8b --load-format dummy --device cpu \
+        --context-length 8192 --host 127.0.0.1 --port 30000 --sleep-on-idle \
+        --disable-overlap-schedule --mamba-radix-cache-strategy extra_buffer  # or no_buffer
+
+`--device cpu` lets server-arg resolution and the gloo process groups run without CUDA (do not
+set SGLANG_USE_CPU_ENGINE). Overlap scheduling (omit --disable-overlap-schedule) also runs.
+RADIXFLOW_POLICY selects the scheduler class; RADIXFLOW_SIM_ALPHA/BETA/GAMMA the cost model.
 
 `run_scheduler_process_simulated` is handed to `http_server.launch_server` as its
-`run_scheduler_process_func`; the scheduler child is spawned, so all patches happen there.
+`run_scheduler_process_func`; the scheduler child is spawned, so its patches happen there.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from types import SimpleNamespace
@@ -27,8 +35,9 @@ import sglang.srt.managers.scheduler as _sched_mod  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.configs.hybrid_arch import mambaish_config  # noqa: E402
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
+from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.environ import envs  # noqa: E402
-from sglang.srt.managers.tp_worker import BaseTpWorker  # noqa: E402
+from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
@@ -37,8 +46,12 @@ from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
     MHATokenToKVPool,
     ReqToTokenPool,
 )
-from sglang.srt.runtime_context import get_device, get_exec, get_schedule  # noqa: E402
+from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (  # noqa: E402
+    NgramEmbeddingManager,
+)
+from sglang.srt.runtime_context import get_device, get_exec, get_parallel, get_schedule  # noqa: E402
 
+logger = logging.getLogger(__name__)
 _UPSTREAM_SCHEDULER = _sched_mod.Scheduler
 _UPSTREAM_RUN = _sched_mod.run_scheduler_process
 
@@ -61,25 +74,34 @@ class CostModel:
 
 
 def run_scheduler_process_simulated(*args, **kwargs):
-    """SGLang's `run_scheduler_process` (managers/scheduler.py) with the simulated worker."""
-    policy = os.environ.get("RADIXFLOW_POLICY")
-    if policy and policy != "stock":
-        from .scheduler import RadixFlowScheduler
+    """SGLang's `run_scheduler_process` (managers/scheduler.py) with the simulated worker.
 
-        _sched_mod.Scheduler = RadixFlowScheduler
+    Runs in the spawned scheduler child, before upstream builds `Scheduler(...)` (a module-global
+    lookup): RADIXFLOW_POLICY unset or "stock" keeps SGLang's class, any other value selects
+    RadixFlowScheduler, configured from the RADIXFLOW_* environment (config_from_env)."""
+    from .entry import install
+
+    install(os.environ.get("RADIXFLOW_POLICY") or "stock")
     # PATCH 1: managers/scheduler.py Scheduler.init_tp_model_worker builds TpModelWorker ->
     # ModelRunner (needs CUDA); build the simulated worker instead. Patched on the upstream
     # class so our subclass inherits it.
     _UPSTREAM_SCHEDULER.init_tp_model_worker = _init_tp_model_worker
+    # PATCH 3: managers/schedule_batch.py ScheduleBatch.prepare_for_decode stages the extra_buffer
+    # track mask with `.pin_memory()`, which a CUDA torch build refuses without a driver. Page
+    # locking only speeds host-to-device copies, and here the "device" is the host.
+    if not torch.cuda.is_available():
+        torch.Tensor.pin_memory = lambda self, *a, **k: self
     return _UPSTREAM_RUN(*args, **kwargs)
 
 
 def _init_tp_model_worker(self) -> None:
+    logger.info("radixflow: simulated model worker, scheduler class %s", type(self).__name__)
     self.tp_worker = SimulatedWorker(self.server_args)
 
 
 class _SimRunner:
-    """What the scheduler reads off `tp_worker.model_runner` (model_executor/model_runner.py)."""
+    """What the scheduler and TpModelWorker read off `model_runner` (model_runner.py ModelRunner):
+    plain values, upstream's disabled managers, and no-op init steps (no model, no backends)."""
 
     def __init__(self, model_config) -> None:
         self.model_config = model_config
@@ -103,43 +125,19 @@ class _SimRunner:
         # Read by Scheduler.init_overlap (decide_needs_cpu_seq_lens) and the prefill scan.
         self.attn_backend = SimpleNamespace(needs_cpu_seq_lens=True)
         self.prefill_aware_swa = False
-        self.ngram_embedding_manager = None
+        # Upstream's own manager, disabled (ModelRunner.init_ngram_embedding_manager).
+        self.ngram_embedding_manager = NgramEmbeddingManager(enabled=False, table=None, n=0)
         self.lora_manager = None
         self.eplb_manager = None
         self.hisparse_coordinator = None
         self.device_timer = None
         self.shared_read_done_event = None
 
+    def alloc_memory_pool(self, memory_pool_config=None, **_kw) -> None:
+        build_pools(self)
+
     def account_preloaded_weights(self, _bytes: int) -> None:
         pass
-
-    def prewarm_sampling(self) -> None:
-        pass
-
-
-class SimulatedWorker(BaseTpWorker):
-    """Stands in for managers/tp_worker.py TpModelWorker: real pools, simulated forward."""
-
-    def __init__(self, server_args) -> None:
-        from sglang.srt.configs.model_config import ModelConfig
-
-        self.server_args = server_args
-        self.model_config = ModelConfig.from_server_args(server_args)
-        self._model_runner = _SimRunner(self.model_config)
-        self.model_runner_list = []
-        self.device = "cpu"
-        self.random_seed = get_device().random_seed
-        self.cost = CostModel()
-        self.vocab = self.model_config.vocab_size
-        self.dllm_algorithm = None
-
-    @property
-    def model_runner(self):
-        return self._model_runner
-
-    # --- init-time questions -------------------------------------------------------------
-    def alloc_memory_pool(self, *args, **kwargs) -> None:
-        build_pools(self._model_runner)
 
     def init_attention_backends(self) -> None:
         pass
@@ -147,23 +145,33 @@ class SimulatedWorker(BaseTpWorker):
     def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True) -> None:
         pass
 
-    def get_worker_info(self):
-        mr = self._model_runner
-        max_req_len = min(self.model_config.context_len - 1, mr.max_total_num_tokens - 1)
-        return (
-            mr.max_total_num_tokens,
-            get_schedule().max_prefill_tokens,
-            mr.max_running_requests,
-            get_schedule().max_queued_requests,
-            max_req_len,
-            max_req_len - 5,
-            self.random_seed,
-            self.device,
-            mr.forward_stream,
-            mr.req_to_token_pool.size,
-            mr.req_to_token_pool.max_context_len,
-            mr.token_to_kv_pool.size,
-        )
+    def prewarm_sampling(self) -> None:
+        pass
+
+
+class SimulatedWorker(TpModelWorker):
+    """managers/tp_worker.py TpModelWorker without its ModelRunner: upstream's methods (worker
+    info, pool hand-out, init steps) run over `_SimRunner`; the forward is simulated."""
+
+    def __init__(self, server_args) -> None:  # NOTE: replaces TpModelWorker.__init__ entirely
+        self.server_args = server_args
+        self.is_draft_worker = False
+        self.is_multi_layer_eagle = False
+        self.req_to_token_pool = self.token_to_kv_pool_allocator = None
+        self.model_runner_list = []
+        self.model_config = ModelConfig.from_server_args(server_args)
+        self._model_runner = _SimRunner(self.model_config)
+        self.dllm_algorithm = None
+        self.tokenizer = self.processor = None
+        self.device = "cpu"
+        self.pp_group = get_parallel().pp_group
+        self.world_group = get_parallel().world_group
+        self.random_seed = get_device().random_seed
+        self.enable_overlap = not get_schedule().disable_overlap_schedule
+        self.enable_spec = False
+        self.hicache_layer_transfer_counter = None
+        self.cost = CostModel()
+        self.vocab = self.model_config.vocab_size
 
     # --- the forward -------------------------------------------------------------------
     def forward_batch_generation(self, batch, forward_batch=None, **_kw):
@@ -174,7 +182,10 @@ class SimulatedWorker(BaseTpWorker):
             tokens = int(batch.extend_num_tokens)
         else:
             tokens = len(reqs)
-        ids = [(sum(r.origin_input_ids) + sum(r.output_ids)) % self.vocab for r in reqs]
+        # Deterministic token: (sum of prompt ids + sequence length) mod vocab. Sequence length,
+        # not output_ids, so overlap scheduling (outputs appended a step late) gives the same.
+        seq_lens = batch.seq_lens_cpu.tolist()
+        ids = [(_prompt_sum(r) + n) % self.vocab for r, n in zip(reqs, seq_lens, strict=True)]
         result = GenerationBatchResult(
             next_token_ids=torch.tensor(ids, dtype=torch.int64), can_run_cuda_graph=False
         )
@@ -182,6 +193,13 @@ class SimulatedWorker(BaseTpWorker):
         if left > 0:
             time.sleep(left)
         return result
+
+
+def _prompt_sum(req) -> int:
+    s = getattr(req, "_radixflow_sim_sum", None)
+    if s is None:
+        s = req._radixflow_sim_sum = sum(req.origin_input_ids)
+    return s
 
 
 def _run_deferred_mamba_cow(pool, batch) -> None:
@@ -241,8 +259,18 @@ def build_pools(mr: _SimRunner) -> None:
     mr.token_to_kv_pool = kv
     mr.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
         size=tokens, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
-    mr.max_total_num_tokens = tokens
+    # What TpModelWorker.get_worker_info / alloc_memory_pool read back.
     mr.max_running_requests = rows
+    mr.logical_max_total_num_tokens = mr.effective_logical_max_total_num_tokens = tokens
+
+
+def allow_extra_buffer_on_cpu() -> None:
+    """PATCH 2: arg_groups/mamba_hook.py _platform_supports_mamba_cache_extra_buffer is False on
+    CPU, so server-arg resolution rejects extra_buffer; the pool's state snapshots it gates are
+    plain tensor copies, which CPU tensors do. Needed in the process that resolves the args."""
+    import sglang.srt.arg_groups.mamba_hook as mamba_hook
+
+    mamba_hook._platform_supports_mamba_cache_extra_buffer = lambda: True
 
 
 def launch_simulated_server(argv: list[str]) -> None:
@@ -250,6 +278,7 @@ def launch_simulated_server(argv: list[str]) -> None:
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.server_args import prepare_server_args
 
+    allow_extra_buffer_on_cpu()
     launch_server(prepare_server_args(argv),
                   run_scheduler_process_func=run_scheduler_process_simulated)
 
@@ -257,4 +286,7 @@ def launch_simulated_server(argv: list[str]) -> None:
 if __name__ == "__main__":
     import sys
 
-    launch_simulated_server(sys.argv[1:])
+    # NOTE: import by package name so spawn pickles a function of an importable module.
+    from radixflow_sglang.adapter.simulated import launch_simulated_server as _launch
+
+    _launch(sys.argv[1:])

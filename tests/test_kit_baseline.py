@@ -1,0 +1,256 @@
+"""Foundation baseline: what SGLang 0.5.23 itself does, on its real classes in the CPU kit.
+
+These pin the mechanics RadixFlow is built on (reference notes, sections 1.3, 1.5, 2.2 and 6):
+same-round consumers recompute a shared document, a producer publishes near its own end, a
+later sibling's ready prefix versus its token match, and the scan's early stop. Depths are
+computed from the model's grid G, never typed in.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from array import array
+
+import pytest
+
+DOC = list(range(1000, 3000))  # 2,000 shared tokens (not a multiple of 64 or 128)
+HYBRID = [("qwen3.5-4b", "extra_buffer"), ("qwen3.5-4b", "no_buffer"),
+          ("nemotron-9b", "extra_buffer")]
+
+
+def toks(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def match(kit, ids, namespace=None):
+    """The cache's own view: (ready length, longest token match, mamba branching seqlen)."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    res = kit.pools.cache.match_prefix(
+        MatchPrefixParams(key=RadixKey(array("q", ids), extra_key=namespace)))
+    return res.device_prefix_len, res.full_kv_hit_length, res.mamba_branching_seqlen
+
+
+def probe(kit, rid, ids):
+    """A request's own match, as the scan would do it but without copy-on-write."""
+    req = kit.req(rid, ids)
+    req.init_next_round_input(kit.pools.cache, cow_mamba=False)
+    assert not req.kv.holds_mamba and req.kv.mamba_cow_src_index is None  # nothing to release
+    return req
+
+
+def published_depth(kit, ids) -> int:
+    """Depth of the deepest usable state on `ids`' path (probe one token past its end)."""
+    return match(kit, list(ids) + [7])[0]
+
+
+@pytest.fixture(scope="module")
+def grid():
+    from radixflow_sglang.geometry import load_geometry
+
+    return lambda model: load_geometry(model).grid
+
+
+# --- (1) same-round consumer --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, layout", HYBRID + [("qwen3-8b", "extra_buffer")])
+def test_same_round_consumer_recomputes_the_document(make_kit, model, layout):
+    k = make_kit(model, layout, "stock")
+    p, a = DOC + toks(5000, 100), DOC + toks(6000, 120)
+    k.submit(k.req("P", p), k.req("A", a))
+    rnd = k.step()
+    assert rnd.rids == ["P", "A"]  # one round: nothing in SGLang makes A wait
+    assert rnd.prefix == {"P": 0, "A": 0}  # A matches the old tree: ready prefix 0
+    assert rnd.scheduled_tokens == len(p) + len(a)  # the document is computed twice
+    assert rnd.chunked is None
+    assert k.drain() == [] and k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+# --- (2) where the producer publishes, and what a later sibling matches ---------------------
+
+
+@pytest.mark.parametrize("model, layout", HYBRID)
+def test_producer_publishes_near_its_own_end_not_at_the_fork(make_kit, grid, model, layout):
+    g = grid(model)
+    k = make_kit(model, layout, "stock")
+    p, a = DOC + toks(5000, 100), DOC + toks(6000, 120)
+    k.submit(k.req("P", p), k.req("A", a))
+    rnd = k.step()
+    assert not k.sched.result_queue  # completed through the result path
+    if layout == "extra_buffer":
+        assert rnd.track["P"] == len(p) // g * g
+        assert rnd.track["A"] == len(a) // g * g
+        assert published_depth(k, p) == len(p) // g * g
+        assert published_depth(k, a) == len(a) // g * g
+    else:
+        assert published_depth(k, p) == len(p)  # no_buffer: the extend end
+        assert published_depth(k, a) == len(a)
+    # the shared document node holds no state: a later sibling's ready prefix is 0
+    b_ids = DOC + toks(7000, 80)
+    ready, token_match, branching = match(k, b_ids)
+    assert (ready, token_match) == (0, len(DOC))
+    assert branching == len(DOC) // g * g
+    b = probe(k, "B", b_ids)
+    assert b.prefix_len == 0 and b.mamba_branching_seqlen == len(DOC) // g * g
+    # B recomputes everything; with extra_buffer it publishes the branch point, so only the
+    # third sibling C hits (no_buffer: states only at sequence ends, C still gets 0)
+    k.submit(k.req("B", b_ids))
+    rb = k.step()
+    assert rb.prefix == {"B": 0} and rb.extend == {"B": len(b_ids)}
+    c_ids = DOC + toks(8000, 50)
+    k.submit(k.req("C", c_ids))
+    rc = k.step()
+    if layout == "extra_buffer":
+        assert rb.track["B"] == len(DOC) // g * g
+        assert rc.prefix == {"C": len(DOC) // g * g}
+    else:
+        assert rc.prefix == {"C": 0}
+    assert rc.extend["C"] == len(c_ids) - rc.prefix["C"]
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_full_attention_sibling_hits_the_whole_document(make_kit):
+    k = make_kit("qwen3-8b", "extra_buffer", "stock")
+    k.submit(k.req("P", DOC + toks(5000, 100)))
+    k.drain()
+    b = probe(k, "B", DOC + toks(7000, 80))
+    assert b.prefix_len == len(DOC)  # every page is reusable
+    assert match(k, DOC + toks(7000, 80))[:2] == (len(DOC), len(DOC))
+
+
+@pytest.mark.parametrize("model, layout", HYBRID)
+def test_waiting_alone_does_not_help_a_fork(make_kit, model, layout):
+    """A that waits until P alone has completed still gets ready 0 (no fork state)."""
+    k = make_kit(model, layout, "stock")
+    k.submit(k.req("P", DOC + toks(5000, 100)))
+    k.drain()
+    k.submit(k.req("A", DOC + toks(6000, 120)))
+    assert k.step().prefix == {"A": 0}
+
+
+@pytest.mark.parametrize("model, layout", HYBRID)
+def test_prefix_commit_of_a_grid_length_document_hits(make_kit, grid, model, layout):
+    g = grid(model)
+    doc = toks(1000, 2048)  # a multiple of both 64 and 128
+    assert len(doc) % g == 0
+    k = make_kit(model, layout, "stock")
+    k.submit(k.req("P", doc))
+    k.drain()
+    k.submit(k.req("A", doc + toks(6000, 120)))
+    rnd = k.step()
+    assert rnd.prefix == {"A": len(doc)} and rnd.extend == {"A": 120}
+    # an exact repeat can match at most len - 1 tokens: ready 0
+    k.submit(k.req("R", doc))
+    assert k.step().prefix == {"R": 0}
+
+
+def test_namespaces_do_not_share_cache(make_kit):
+    k = make_kit("qwen3.5-4b", "extra_buffer", "stock")
+    doc = toks(1000, 2048)
+    k.submit(k.req("P", doc, namespace="tenant-1"))
+    k.drain()
+    assert match(k, doc + [5], namespace="tenant-1")[0] == len(doc)
+    assert match(k, doc + [5], namespace="tenant-2")[:2] == (0, 0)
+    assert match(k, doc + [5])[:2] == (0, 0)
+
+
+# --- (3) the scan ends at its first non-CONTINUE outcome ------------------------------------
+
+
+def visited(req) -> bool:
+    return req.last_node is not None  # only init_next_round_input sets it
+
+
+def test_scan_stops_at_no_token_although_a_later_request_fits(make_kit):
+    k = make_kit("qwen3.5-4b", "extra_buffer", "stock", kv_tokens=1000)
+    r1, r2, r3 = (k.req("R1", toks(10_000, 300)), k.req("R2", toks(20_000, 2000)),
+                  k.req("R3", toks(30_000, 100)))
+    assert len(r1.origin_input_ids) + len(r3.origin_input_ids) < 1000  # R1 + R3 would fit
+    k.submit(r1, r2, r3)
+    batch = k.scan()
+    assert [r.rid for r in batch.reqs] == ["R1"]
+    assert visited(r2) and not visited(r3)  # R2: NO_TOKEN, the scan breaks before R3
+    assert k.sched.running_batch.batch_is_full
+    assert [r.rid for r in k.sched.waiting_queue] == ["R2", "R3"]
+    assert not r2.kv.holds_mamba and r2.kv.mamba_cow_src_index is None  # reverted
+
+
+def test_scan_stops_at_other_without_chunking(make_kit):
+    k = make_kit("qwen3.5-4b", "extra_buffer", "stock", tokens=512)
+    k.sched.chunked_prefill_size = None  # chunking off: an over-budget request is OTHER
+    r1, r2, r3 = (k.req("R1", toks(10_000, 300)), k.req("R2", toks(20_000, 2000)),
+                  k.req("R3", toks(30_000, 100)))
+    assert 300 + 100 <= 512  # R3 fits the budget R1 leaves
+    k.submit(r1, r2, r3)
+    batch = k.scan()
+    assert [r.rid for r in batch.reqs] == ["R1"]
+    assert visited(r2) and not visited(r3)
+
+
+def test_with_chunking_the_large_request_becomes_the_chunk_and_ends_the_scan(make_kit):
+    k = make_kit("qwen3.5-4b", "extra_buffer", "stock", tokens=512)
+    r1, r2, r3 = (k.req("R1", toks(10_000, 300)), k.req("R2", toks(20_000, 2000)),
+                  k.req("R3", toks(30_000, 100)))
+    k.submit(r1, r2, r3)
+    rnd = k.step()
+    assert rnd.rids == ["R1", "R2"] and rnd.chunked == "R2"
+    assert rnd.extend == {"R1": 300, "R2": 512 - 300}
+    assert not visited(r3)
+    rounds = k.drain()
+    assert sum(r.scheduled_tokens for r in rounds) + rnd.scheduled_tokens == 2400
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_rows_limit_ends_the_scan(make_kit):
+    k = make_kit("qwen3.5-4b", "extra_buffer", "stock", rows=2)
+    reqs = [k.req(f"R{i}", toks(10_000 * (i + 1), 50)) for i in range(4)]
+    k.submit(*reqs)
+    rnd = k.step()
+    assert rnd.rids == ["R0", "R1"]
+    assert not visited(reqs[3])
+
+
+# --- guards -------------------------------------------------------------------------------------
+
+
+def test_version_guard_names_both_versions():
+    from radixflow_sglang.adapter import REQUIRED_SGLANG, SGLangVersionError, check_sglang_version
+
+    with pytest.raises(SGLangVersionError) as e:
+        check_sglang_version("0.5.22")
+    assert REQUIRED_SGLANG == "0.5.23"
+    assert "0.5.22" in str(e.value) and "0.5.23" in str(e.value)
+    assert isinstance(e.value, ImportError)
+    assert check_sglang_version("0.5.23") == "0.5.23"
+    assert check_sglang_version() == "0.5.23"  # the installed one
+
+
+def test_scan_is_sglangs_own_apart_from_marked_lines():
+    """Drift guard: scan.py minus its `# RADIXFLOW` lines is SGLang 0.5.23's method verbatim."""
+    import sglang.srt.managers.scheduler as sched_mod
+
+    from radixflow_sglang.adapter import scan
+
+    ours = inspect.getsource(scan.get_new_batch_prefill_raw)
+    kept = [line for line in ours.splitlines() if "RADIXFLOW" not in line]
+    assert len(kept) < len(ours.splitlines())  # there are hooks to strip
+    assert kept[0] == "def get_new_batch_prefill_raw("
+    kept[0] = "def _get_new_batch_prefill_raw("
+    theirs = textwrap.dedent(inspect.getsource(sched_mod.Scheduler._get_new_batch_prefill_raw))
+    assert "\n".join(kept).rstrip() == theirs.rstrip()
+
+
+def test_stock_is_sglangs_unmodified_class(make_kit):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from radixflow_sglang.adapter.scheduler import RadixFlowScheduler
+
+    assert type(make_kit(policy="stock").sched) is Scheduler
+    radix = make_kit(policy="radix").sched
+    assert isinstance(radix, RadixFlowScheduler)
+    assert radix._get_new_batch_prefill_raw.__func__ is not Scheduler._get_new_batch_prefill_raw
+    assert radix.radixflow.traversal is None
+    assert make_kit(policy="traversal").sched.radixflow.traversal is not None

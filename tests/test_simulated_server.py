@@ -1,0 +1,136 @@
+"""SGLang 0.5.23's real HTTP server, tokenizer, detokenizer, scheduler and radix cache on CPU,
+with only the model worker simulated (radixflow_sglang/adapter/simulated.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "launch" / "models" / "qwen3.5-0.8b"
+START_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(url: str, body: dict | None = None, timeout: float = 60.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        raw = r.read()
+        return r.status, json.loads(raw) if raw else None
+
+
+@pytest.fixture(params=["stock", "radixflow"])
+def server(request, tmp_path):
+    if not (MODEL / "tokenizer.json").exists():
+        subprocess.run([sys.executable, "launch/build_tokenizer.py", "--ensure", str(MODEL)],
+                       cwd=ROOT, check=True, timeout=300)
+    port = _free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env["RADIXFLOW_POLICY"] = request.param  # stock: SGLang's own scheduler class
+    env["RADIXFLOW_TRACE"] = str(tmp_path / "trace.jsonl")
+    log = tmp_path / "server.log"
+    cmd = [
+        sys.executable, "-m", "radixflow_sglang.adapter.simulated",
+        "--model-path", str(MODEL), "--load-format", "dummy", "--device", "cpu",
+        "--context-length", "8192", "--host", "127.0.0.1", "--port", str(port),
+        "--disable-overlap-schedule", "--mamba-radix-cache-strategy", "extra_buffer",
+        "--max-running-requests", "16", "--chunked-prefill-size", "8192",
+        "--max-prefill-tokens", "8192",
+        "--sleep-on-idle",  # SGLang's own: an idle scheduler polls its sockets, not a busy loop
+    ]
+    with open(log, "w") as out:
+        # NOTE: own session, so teardown can signal the server and its spawned children together.
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited rc={proc.returncode}:\n{log.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not healthy in {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
+            try:
+                if _request(base + "/health", timeout=2)[0] == 200:
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1)
+        yield base, proc, log, request.param
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        try:  # spawned children share the session; none may outlive the test
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow  # ~50-65 s per policy on 2 cores, almost all of it SGLang's process start-up
+def test_four_branches_on_a_shared_document(server):
+    base, proc, log, policy = server
+    rng = random.Random(0)
+    doc = [rng.randrange(1000, 100_000) for _ in range(2000)]
+    branches = [doc + [rng.randrange(1000, 100_000) for _ in range(40)] for _ in range(4)]
+
+    def generate(ids):
+        return _request(base + "/generate",
+                        {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})[1]
+
+    with ThreadPoolExecutor(4) as ex:
+        outs = list(ex.map(generate, branches))
+    assert len(outs) == 4
+    for ids, out in zip(branches, outs, strict=True):
+        assert len(out["output_ids"]) == 1
+        assert out["meta_info"]["finish_reason"]["type"] == "length"
+        assert out["meta_info"]["prompt_tokens"] == len(ids)
+
+    # The real radix cache served the shared document to a later request.
+    again = generate(doc + [7] * 40)
+    assert again["meta_info"]["cached_tokens"] >= 1024
+
+    # Deterministic simulated output: same prompt, same token.
+    assert generate(branches[0])["output_ids"] == outs[0]["output_ids"]
+
+    status, info = _request(base + "/server_info")
+    assert status == 200
+    assert info["mamba_radix_cache_strategy"] == "extra_buffer"
+    assert info["disable_overlap_schedule"] is True
+
+    text = log.read_text()
+    cls = "Scheduler" if policy == "stock" else "RadixFlowScheduler"
+    assert f"simulated model worker, scheduler class {cls}\n" in text
+    trace = log.parent / "trace.jsonl"
+    if policy == "radixflow":  # our scan ran inside SGLang's own event loop
+        rounds = [json.loads(x) for x in trace.read_text().splitlines()]
+        assert any(r["event"] == "round" and r["scheduled_tokens"] > 0 for r in rounds)
+    else:
+        assert not trace.exists()
+
+    # Clean shutdown: SIGTERM drains and exits the whole process tree.
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) is not None
+    assert "Traceback" not in log.read_text()
