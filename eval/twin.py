@@ -21,10 +21,12 @@ Protocol
 * A branch completes at the end of the batch that computed its last token (under overlap its
   result is processed one step later, but the completion time is still that batch's end).
   A question's latency is arrival -> completion of its fourth branch.
-* A scan that launches nothing and processes nothing while requests wait (an admission hold,
-  a full pool) costs no GPU time; the clock advances by IDLE_TICK_S (or to the next arrival,
-  if sooner) and the scheduler scans again, so clock-driven policies see time pass.
-* The runtime's clock (`sched.radixflow.clock`) reads the virtual `now`.
+* The runtime's clock reads the virtual `now` and its `sleep` (what an admission hold waits
+  with) is virtual: it advances `now` to the hold's deadline or the next arrival, whichever
+  is first (a real scheduler polls its socket with that timeout).
+* A scan that launches nothing, processes nothing and sleeps no time while requests wait (a
+  full pool) costs no GPU time; the clock advances by IDLE_TICK_S (or to the next arrival, if
+  sooner) and the scheduler scans again.
 * Segments are replayed IN SEQUENCE on one kit (one server, as the GPU benchmark does): the
   next segment's arrival times are offset to the instant the previous one has fully drained.
   Their namespaces carry the segment tag, so segments share no cache hits, but they do share

@@ -279,10 +279,6 @@ def test_lookup_time_does_not_grow_with_unrelated_producers():
     assert timed(2000) / timed(20) < 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: ProducerIndex.longest costs O(#producers sharing the prefix): the per-block "
-    "candidate list and the token verification run over every sharer, contrary to the "
-    "docstring's 'O(len(request)) regardless of how many producers'"))
 def test_lookup_cost_does_not_grow_with_producers_sharing_the_prefix(monkeypatch):
     calls = {"n": 0}
     real = producers_mod.common_prefix
@@ -390,23 +386,26 @@ def test_blocked_when_publish_within_reach_and_gain_at_least_theta(g):
 
 
 def test_not_blocked_when_gain_below_theta():
-    t = traversal(theta=500)
+    theta = 500
+    t = traversal(theta=theta)
     t.admitted(producer_for(t, "P", DOC[:600] + toks(5000, 100)))
-    # the producer can fork at 576 = floor(600/64)*64; gain 576 >= 500 blocks
-    assert t.classify(cand("A", DOC[:600] + toks(6000, 50))).depth == 576
-    # sharing only 448 tokens: gain 448 < 500
-    t2 = traversal(theta=500)
+    assert 600 // G * G >= theta  # the producer can fork at 576: gain >= theta blocks
+    assert t.classify(cand("A", DOC[:600] + toks(6000, 50))).depth == 600 // G * G
+    t2 = traversal(theta=theta)
     t2.admitted(producer_for(t2, "P", DOC[:450] + toks(5000, 100)))
+    assert 450 // G * G < theta  # sharing 450 tokens: a fork at 448 gains too little
     assert t2.classify(cand("A", DOC[:450] + toks(6000, 50))) is None
 
 
 def test_reach_is_capped_at_input_length_minus_one():
     t = traversal()
-    doc = DOC[:2048]
-    t.admitted(producer_for(t, "P", doc + toks(5000, 100), branching=2048))
-    # an exact repeat of a grid-length prompt can match at most 2047: wait for 1984 instead
+    doc = toks(1000, 32 * G)
+    p = producer_for(t, "P", doc + toks(5000, 100), branching=len(doc))
+    assert p.publish == len(doc)
+    t.admitted(p)
+    # an exact repeat of a grid-length prompt can match at most len - 1: fork one step earlier
     b = t.classify(cand("A", doc))
-    assert b is not None and b.depth == 2047 // G * G and b.fork
+    assert b is not None and b.depth == (len(doc) - 1) // G * G and b.fork
 
 
 @pytest.mark.parametrize("g", [64, 128])
@@ -456,7 +455,7 @@ def test_no_fork_when_the_fork_is_not_a_grid_step_past_the_producer_prefix():
     assert t.classify(cand("A", A_TOK, ready=0)) is None
 
 
-def test_extend_of_a_producer_with_short_extend_is_not_a_wait():
+def test_a_producer_extending_less_than_a_grid_step_is_no_reason_to_wait():
     t = traversal()
     t.admitted(producer_for(t, "P", DOC[:2030], prefix=2000))  # extend 30 < G: publishes nothing
     assert t.classify(cand("A", DOC[:2030] + toks(6000, 120), ready=1984)) is None
@@ -525,8 +524,8 @@ def test_park_bound_releases_to_native_handling():
 def test_round_lifecycle_releases_selected_and_counts_wait_set():
     t = traversal()
     t.admitted(producer_for(t, "P", P_TOK))
-    for rid in ("A", "B"):
-        c = cand(rid, DOC + toks(hash(rid) % 1000 * 100 + 10_000, 50))
+    for i, rid in enumerate(("A", "B")):
+        c = cand(rid, DOC + toks(10_000 + 100 * i, 50))
         t.park(c, t.classify(c))
     s = t.end_round(["P"])
     assert s.wait_set == 2 and s.blocked == 2 and s.forks == 1 and s.round == 1

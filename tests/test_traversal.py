@@ -215,15 +215,9 @@ def test_no_slot_leaks_after_drain(make_kit, model, layout, policy):
             assert len(waits(k)) == 0
 
 
-NB_BUG = ("BUG: no_buffer fork: RadixFlowRuntime._apply_fork makes the forked producer the "
-          "adder's new_chunked_req and gives its budget back; a later request the native "
-          "admission chunks overwrites adder.new_chunked_req, so the producer's remaining "
-          "prompt is never computed (it completes after only the fork-depth prefix)")
 
 
-@pytest.mark.parametrize("model, layout", [
-    c if c.values[1] != "no_buffer" else pytest.param(*c.values, id=c.id, marks=pytest.mark.xfail(
-        reason=NB_BUG, strict=True)) for c in CASES])
+@pytest.mark.parametrize("model, layout", CASES)
 def test_traversal_computes_every_prompt_exactly_once(make_kit, model, layout):
     errors = {}
     for seed in range(10):  # seed 8 shows the no_buffer bug in both models (3 too for Qwen)
@@ -237,14 +231,10 @@ def test_traversal_computes_every_prompt_exactly_once(make_kit, model, layout):
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "nemotron-9b"])
-@pytest.mark.xfail(reason=NB_BUG, strict=True)
 def test_no_buffer_forked_producer_is_not_displaced_by_a_native_chunk(make_kit, model):
     k = kit(make_kit, model, "no_buffer", "traversal", tokens=4096)
     p, a, d = DOC + toks(5000, 100), DOC + toks(6000, 120), toks(20_000, 3000)
     k.submit(k.req("P", p), k.req("A", a), k.req("D", d))
-    # today: round 1 = P (cut at the fork, 2,000 tokens) + D (chunked into the 2,096 tokens
-    # the fork gave back); D becomes the chunked request, P completes with its last 100
-    # prompt tokens never computed, and A is served from the fork
     rounds = k.drain()
     assert coverage_errors(rounds, {"P": len(p), "A": len(a), "D": len(d)}) == []
     assert k.leaks() == NO_LEAK
@@ -265,15 +255,9 @@ def test_theta_from_the_config_sets_the_minimum_gain(make_kit, model, layout):
         assert k.runtime.stats.blocked == int(waits_for_p)
 
 
-ABORT_BUG = ("BUG: Kit.abort_waiting calls release_kv_cache(req, checkpoint=False) "
-             "unconditionally; for a full-attention cache SGLang asserts 'Only a mamba-capable "
-             "tree cache allows freeing before alloc' (SGLang's own abort_request releases only "
-             "when req.kv.holds_mamba)")
 
 
-@pytest.mark.parametrize("model, layout", [
-    c if c.values[1] != "full" else pytest.param(*c.values, id=c.id, marks=pytest.mark.xfail(
-        reason=ABORT_BUG, strict=True, raises=AssertionError)) for c in CASES])
+@pytest.mark.parametrize("model, layout", CASES)
 def test_aborting_a_parked_consumer_drops_its_records(make_kit, model, layout):
     k = kit(make_kit, model, layout, "traversal")
     k.submit(k.req("P", DOC + toks(5000, 100)), k.req("A", DOC + toks(6000, 120)))
@@ -395,11 +379,6 @@ def test_rejected_requests_keep_no_stale_copy_on_write_source(make_kit, model, p
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-4b", "nemotron-9b"])
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "BUG: no_buffer fork with chunked prefill disabled (--chunked-prefill-size -1, "
-    "Scheduler.chunked_prefill_size None): _apply_fork makes the producer a chunked request, "
-    "and the next scan's PrefillAdder.add_chunked_req compares against rem_chunk_tokens=None "
-    "-> TypeError in the scheduler"))
 def test_no_buffer_fork_with_chunked_prefill_disabled(make_kit, model):
     k = kit(make_kit, model, "no_buffer", "traversal")
     k.sched.chunked_prefill_size = None  # Scheduler.__init__'s reading of -1

@@ -225,8 +225,5 @@ def test_admission_hold_runs_in_virtual_time(segs, arms):
     assert res.wall_s < 30
 
 
-@pytest.mark.xfail(raises=twin.ConservationError, strict=False,
-                   reason="runtime: a no_buffer fork cut's chunk is overwritten by a later "
-                          "truncated request in the same scan (see report)")
 def test_no_buffer_overlap_traversal_completes_every_token():
     twin.replay(twin.probe_segments()[:1], MODEL, "traversal", layout="no_buffer", overlap=True)

@@ -261,7 +261,8 @@ class Kit:
         q = self.sched.waiting_queue
         req = next(r for r in q if r.rid == rid)
         q.remove(req)
-        release_kv_cache(req, self.pools.cache, checkpoint=False)
+        if req.kv.holds_mamba:  # NOTE: as scheduler.py `abort_request` does for queued requests
+            release_kv_cache(req, self.pools.cache, checkpoint=False)
         self._forget(rid)
         return req
 

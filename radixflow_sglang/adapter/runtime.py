@@ -85,6 +85,9 @@ class RadixFlowRuntime:
         self.overtakes = 0
         self.frag_deferred: dict[str, int] = {}
         self._release_reason = ""
+        self.metrics = None  # RadixFlowMetrics in a server with --enable-metrics
+        self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
+        self._held_since_round = 0
 
     @classmethod
     def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig) -> RadixFlowRuntime:
@@ -100,8 +103,9 @@ class RadixFlowRuntime:
             self.stats = RoundStats(self.round, t_start=self.clock())
             return
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
-        if self.grid.layout is Layout.NO_BUFFER and sched.chunked_req is None:
+        if self._no_buffer_fork_possible(sched, adder):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
+        self._fork_chunk = None
         self.stats = self.traversal.begin_round(self._inflight(sched), slots)
         self.stats.t_start = self.clock()
 
@@ -118,6 +122,8 @@ class RadixFlowRuntime:
         tokens, ns = req_tokens(req), namespace(req)
         if not t.may_block(req.rid, ns, tokens):
             return False
+        if adder.new_chunked_req is not None and self._fork_chunk is None:
+            t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
         # NOTE: probe the ready prefix without copy-on-write; admission re-matches natively.
         req.init_next_round_input(sched.tree_cache, cow_mamba=False)
         cand = Candidate(req.rid, ns, tokens, req.prefix_len,
@@ -156,13 +162,19 @@ class RadixFlowRuntime:
         if self.spec.admission == "timer" and run:
             self._count_overtakes(sched, run)
         s.t_end = self.clock()
+        s.held, self._held_since_round = self.held_iterations - self._held_since_round, \
+            self.held_iterations
         self.totals.add(s)
+        parked = []
         for r in run:
             rs = self.requests.pop(r.rid, None)
             if rs is not None:
+                parked.append(rs.rounds_parked)
                 self.totals.parked_max_rounds = max(self.totals.parked_max_rounds,
                                                     rs.rounds_parked)
                 self._emit({"event": "selected", **rs.__dict__})
+        if self.metrics is not None:
+            self.metrics.on_round(s, parked, s.held)
         if s.rows or s.blocked:
             self._emit({"event": "round", **s.as_dict()})
 
@@ -226,14 +238,21 @@ class RadixFlowRuntime:
                      if not self.requests[r.rid].eligible)
         return Demand(len(queue), oldest, busy, rows, budget, residual)
 
-    def frag_defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
-        """+Frag: a request the residual chunk budget would cut into a fragment that publishes
-        no state (extend < G) waits for a later round; capped per request."""
-        if not self.spec.frag or adder.rem_chunk_tokens is None or not adder.can_run_list:
-            return False
+    def defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        """Skip a request this round, before it consumes anything, when admitting it would cut
+        it into a chunk: while a fork-cut producer holds SGLang's one chunk slot (the cut
+        would displace it), or, under +Frag, when the residual chunk budget would leave a
+        fragment that publishes no state (extend < G; capped per request)."""
         left = adder.rem_chunk_tokens
+        if left is None or not adder.can_run_list:
+            return False
         extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-        if extend <= left or left >= self.grid.size:
+        if extend <= left:
+            return False
+        if self._fork_chunk is not None:
+            release_parked(sched, req)
+            return True
+        if not self.spec.frag or left >= self.grid.size:
             return False
         n = self.frag_deferred.get(req.rid, 0)
         if n >= self.cfg.frag_cap:
@@ -301,6 +320,7 @@ class RadixFlowRuntime:
         if cut <= 0:
             return
         assert adder.new_chunked_req in (None, req)
+        self._fork_chunk = req
         req.extend_end = p.publish
         p.extend = p.publish - p.prefix
         adder.new_chunked_req = req
@@ -309,6 +329,13 @@ class RadixFlowRuntime:
         if adder.rem_chunk_tokens is not None:
             adder.rem_chunk_tokens += cut
         adder.log_input_tokens -= cut
+
+    @staticmethod
+    def _no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder) -> bool:
+        # NOTE: the cut producer becomes SGLang's one chunked request: the slot must be free
+        # and chunked prefill on (without it the next scan's add_chunked_req has no budget).
+        return (cache_grid(sched).layout is Layout.NO_BUFFER and sched.chunked_req is None
+                and adder.rem_chunk_tokens is not None)
 
     def _emit(self, record: dict) -> None:
         if self._trace is not None:

@@ -214,7 +214,7 @@ def get_new_batch_prefill_raw(
                 req.host_hit_is_storage = False
 
         req.init_next_round_input(self.tree_cache)
-        if rf.frag_defer(self, req, adder):  # RADIXFLOW: +Frag defers a stateless fragment
+        if rf.defer(self, req, adder):  # RADIXFLOW: would be cut into a chunk it must not be
             continue  # RADIXFLOW
         if self.enable_hicache_storage and (
             self._prefetch_after_device_hit_loss(req)

@@ -11,6 +11,7 @@ check_sglang_version()
 from sglang.srt.managers.scheduler import NextBatchPlan, Scheduler  # noqa: E402
 
 from .agreement import scheduler_agreement  # noqa: E402
+from .metrics import scheduler_metrics  # noqa: E402
 from .runtime import RadixFlowConfig, RadixFlowRuntime  # noqa: E402
 from .scan import get_new_batch_prefill_raw  # noqa: E402
 
@@ -41,6 +42,7 @@ class RadixFlowScheduler(Scheduler):
             cfg = self.radixflow_config or config_from_env()
             self._radixflow = RadixFlowRuntime.for_scheduler(self, cfg)
             self._radixflow.agreement = scheduler_agreement(self)
+            self._radixflow.metrics = scheduler_metrics(self, cfg.policy)
         return self._radixflow
 
     _get_new_batch_prefill_raw = get_new_batch_prefill_raw

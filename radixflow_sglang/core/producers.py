@@ -44,6 +44,8 @@ def common_prefix(a: Sequence[int], b: Sequence[int], step: int = 64) -> int:
 
 
 class ProducerIndex:
+    VERIFY = 4  # sharers of the deepest block confirmed token by token
+
     def __init__(self, block: int = 64) -> None:
         self.block = block
         self._by_hash: dict[int, list[str]] = {}
@@ -83,17 +85,23 @@ class ProducerIndex:
     def longest(
         self, namespace: Hashable, tokens: Sequence[int], exclude: str | None = None
     ) -> tuple[Producer, int] | None:
-        """The producer sharing the longest token prefix with `tokens`, and that length."""
+        """The producer sharing the longest token prefix with `tokens`, and that length.
+
+        Walks the request's block chain to the deepest block some producer shares, then
+        confirms at most `VERIFY` of those producers token by token (insertion order, so every
+        TP rank picks the same one): the cost follows the request's length, not the number of
+        producers sharing the prefix. Sharers of the deepest block differ by < one block.
+        """
         deepest: list[str] = []
         for k in _chain(namespace, tokens, self.block, len(tokens)):
-            rids = [r for r in self._by_hash.get(k, ()) if r != exclude]
-            if not rids:
+            rids = self._by_hash.get(k)
+            if not rids or rids == [exclude]:
                 break
             deepest = rids
         best: tuple[Producer, int] | None = None
         if deepest and not isinstance(tokens, list):
             tokens = list(tokens)  # only on a hit: most lookups stop at the first block
-        for rid in deepest:  # NOTE: insertion order keeps ties deterministic across TP ranks
+        for rid in [r for r in deepest[: self.VERIFY + 1] if r != exclude][: self.VERIFY]:
             p = self._producers[rid]
             if p.namespace != namespace:
                 continue

@@ -1,0 +1,54 @@
+"""Prometheus metrics for RadixFlow, created inside the scheduler process.
+
+SGLang sets PROMETHEUS_MULTIPROC_DIR before spawning schedulers when `--enable-metrics` is on,
+and `/metrics` aggregates every process's samples. Only the stats-logging rank records
+(`SchedulerMetricsReporter.is_stats_logging_rank`), so a TP group counts each round once.
+"""
+
+from __future__ import annotations
+
+from radixflow_sglang.core.stats import RoundStats
+
+ROW_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (0, 64, 256, 1024, 2048, 4096, 8192, 16384)
+
+
+class RadixFlowMetrics:
+    def __init__(self, policy: str, labels: dict[str, str] | None = None) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.labels = {"policy": policy, **(labels or {})}
+        names = list(self.labels)
+        self.rounds = Counter("radixflow_rounds", "Prefill rounds scheduled", names)
+        self.blocked = Counter("radixflow_blocked", "Consumers parked (Blocked visits)", names)
+        self.forks = Counter("radixflow_forks", "Producers moved to publish at a fork", names)
+        self.held = Counter("radixflow_held_iterations", "Iterations held by admission", names)
+        self.rows = Histogram("radixflow_round_rows", "Requests per round", names,
+                              buckets=ROW_BUCKETS)
+        self.tokens = Histogram("radixflow_round_tokens", "Scheduled tokens per round", names,
+                                buckets=TOKEN_BUCKETS)
+        self.parked = Histogram("radixflow_parked_rounds", "Rounds a request waited parked",
+                                names, buckets=(0, 1, 2, 3, 4, 8))
+        self.wait_set = Gauge("radixflow_wait_set", "Parked requests now", names,
+                              multiprocess_mode="mostrecent")
+
+    def on_round(self, s: RoundStats, parked_rounds: list[int], held: int) -> None:
+        lab = self.labels
+        if s.rows:
+            self.rounds.labels(**lab).inc()
+            self.rows.labels(**lab).observe(s.rows)
+            self.tokens.labels(**lab).observe(s.scheduled_tokens)
+        self.blocked.labels(**lab).inc(s.blocked)
+        self.forks.labels(**lab).inc(s.forks)
+        if held:
+            self.held.labels(**lab).inc(held)
+        for n in parked_rounds:
+            self.parked.labels(**lab).observe(n)
+        self.wait_set.labels(**lab).set(s.wait_set)
+
+
+def scheduler_metrics(sched, policy: str) -> RadixFlowMetrics | None:
+    rep = getattr(sched, "metrics_reporter", None)
+    if rep is None or not rep.enable_metrics or not rep.is_stats_logging_rank:
+        return None
+    return RadixFlowMetrics(policy, {"dp_rank": str(getattr(sched, "dp_rank", None) or 0)})
