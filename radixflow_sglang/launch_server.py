@@ -61,6 +61,8 @@ def parser() -> argparse.ArgumentParser:
                    help="minimum ready-prefix gain (tokens) worth a wait; default max(G, 64)")
     g.add_argument("--radixflow-park-margin", type=_positive_int("--radixflow-park-margin"),
                    default=1, help="rounds beyond the publish lag a request may stay parked")
+    g.add_argument("--radixflow-frag-cap", type=_positive_int("--radixflow-frag-cap"),
+                   default=2, help="rounds radixflow-frag may defer one request")
     return p
 
 
@@ -79,7 +81,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def radixflow_env(ns: argparse.Namespace) -> dict[str, str]:
     env = {"RADIXFLOW_POLICY": ns.radixflow_policy,
-           "RADIXFLOW_PARK_MARGIN": str(ns.radixflow_park_margin)}
+           "RADIXFLOW_PARK_MARGIN": str(ns.radixflow_park_margin),
+           "RADIXFLOW_FRAG_CAP": str(ns.radixflow_frag_cap)}
     if ns.radixflow_admission_ms is not None:
         env["RADIXFLOW_ADMISSION_MS"] = str(ns.radixflow_admission_ms)
     if ns.radixflow_theta is not None:

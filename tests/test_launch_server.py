@@ -16,6 +16,10 @@ def test_radixflow_flags_map_to_env_and_pass_sglang_args_through():
                          "--tp", "2"])
     assert rest == ["--model-path", "m", "--tp", "2"]
     env = ls.radixflow_env(ns)
+    from radixflow_sglang.adapter.scheduler import config_from_env
+
+    cfg = config_from_env(env)
+    assert (cfg.policy, cfg.admission_ms, cfg.theta, cfg.frag_cap) == ("traversal", 7.5, 128, 2)
     assert env["RADIXFLOW_POLICY"] == "traversal"
     assert env["RADIXFLOW_ADMISSION_MS"] == "7.5" and env["RADIXFLOW_THETA"] == "128"
 
@@ -26,6 +30,7 @@ def test_radixflow_flags_map_to_env_and_pass_sglang_args_through():
     (["--radixflow-admission-ms", "soon"], "not a number"),
     (["--radixflow-executor", "gpu"], "choose from 'model', 'simulated'"),
     (["--radixflow-theta", "-3"], "--radixflow-theta: -3 must be >= 0"),
+    (["--radixflow-frag-cap", "x"], "--radixflow-frag-cap: 'x' is not an integer"),
     (["--radixflow-trace", "/no/such/dir/t.jsonl"], "--radixflow-trace: directory"),
     (["--radixflow-polcy", "radix"], "unrecognized radixflow argument"),
 ])

@@ -28,6 +28,7 @@ def config_from_env(env: dict[str, str] | None = None) -> RadixFlowConfig:
         admission_ms=float(ms) if ms else None,
         theta=int(theta) if theta else None,
         park_margin=int(env.get(ENV_PREFIX + "PARK_MARGIN", "1")),
+        frag_cap=int(env.get(ENV_PREFIX + "FRAG_CAP", "2")),
         trace=env.get(ENV_PREFIX + "TRACE") or None,
     )
 

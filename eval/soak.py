@@ -1,0 +1,662 @@
+"""Soak: thousands of requests per policy through SGLang's real scan on the CPU kit.
+
+    python eval/soak.py --requests 10000 --out out/soak [--policies stock,radix,...]
+        [--model qwen3.5-4b] [--layout extra_buffer] [--seed 0] [--overlap]
+
+For each policy a fresh `Kit` (SGLang 0.5.23's pools, UnifiedRadixCache, Req and prefill scan,
+stock or ours) replays the same seeded request stream in virtual time:
+
+* Questions of 1-4 branches (a shared document from a sliding window of recent documents +
+  a question + a branch suffix, a few hundred tokens) or unrelated one-off requests arrive as a
+  Poisson process; a batch takes `eval/costmodel.py`'s time; an admission hold sleeps in
+  virtual time until its deadline or the next arrival (as eval/twin.py).
+* About 5 % of requests are aborted while still queued (held, parked or just waiting),
+  through `Kit.abort_waiting`, 0-3 scans after they arrive.
+* With `--overlap`, requests whose batch is in flight are sometimes retracted as SGLang's
+  `release_req` does (KV released without insert, `reset_for_retract`) and re-queued once
+  their batch's result is processed.
+* The pools are tight (a few thousand KV tokens, a few dozen mamba slots), so published states
+  are evicted all the time.
+
+After every step the `Harness` checks that no waiting request holds a KV row, a mamba slot, a
+copy-on-write source or a tree lock, that parked requests stay within the park bound, that
+each round fits its row and token budgets, and that every request's chunks chain. After the
+drain it checks that every request completed or was aborted exactly once and, with the whole
+tree evicted, that no KV, row or mamba slot leaked.
+
+DIR/soak.json holds, per policy: requests, completed, aborted, leaked_kv_slots,
+leaked_mamba_slots, stale_cow_sources, longest_wait_rounds, the scan's process CPU time per
+round in the first and last decile of the run (the scan's cost must not grow), and more.
+Exit status: 0 when every policy ran clean, 1 when any invariant broke, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
+
+from radixflow_sglang.core.policy import POLICIES  # noqa: E402
+
+MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b",
+                 "qwen3-8b")
+LAYOUT_CHOICES = ("extra_buffer", "no_buffer")
+IDLE_TICK_S = 5e-4  # virtual time a scan that launches nothing and sleeps nothing takes
+SOAK_KEYS = (
+    "requests", "completed", "aborted", "leaked_kv_slots", "leaked_mamba_slots",
+    "stale_cow_sources", "longest_wait_rounds", "scan_cpu_ms_per_round_first_decile",
+    "scan_cpu_ms_per_round_last_decile",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Harness: a Kit plus the bookkeeping and invariants, one step at a time
+# --------------------------------------------------------------------------------------------
+
+
+class VirtualClock:
+    """The runtime's clock and sleep. A hold sleeps until its deadline or the next arrival."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.next_arrival = math.inf
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now = min(self.now + max(0.0, seconds), max(self.now, self.next_arrival))
+
+
+class CompletionLog(dict):
+    """Stands in for `Kit.finished`: counts completions per request, keeps no Req."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count: Counter[str] = Counter()
+
+    def __setitem__(self, rid: str, req: Any) -> None:
+        self.count[rid] += 1
+        super().__setitem__(rid, None)
+
+
+@dataclass
+class Violations:
+    """Invariant breaks: a count per kind and the first few messages."""
+
+    count: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+    keep: int = 20
+
+    def add(self, kind: str, message: str) -> None:
+        self.count[kind] += 1
+        if len(self.examples) < self.keep:
+            self.examples.append(f"{kind}: {message}")
+
+    def __bool__(self) -> bool:
+        return bool(self.count)
+
+    def total(self) -> int:
+        return sum(self.count.values())
+
+
+class Harness:
+    """Drives one Kit step by step and checks its invariants after every step.
+
+    `retract` mirrors SGLang's `release_req` for a request whose batch is in flight (overlap):
+    the KV is released without insert, the request reset, and it is re-queued once its batch's
+    result has been processed (as the scheduler re-queues retracted requests before the next
+    scan). `abort` is `Kit.abort_waiting` (a queued request, held or parked included).
+    """
+
+    def __init__(self, kit: Any, clock: VirtualClock | None = None,
+                 record_shapes: bool = False) -> None:
+        self.kit = kit
+        self.clock = clock
+        self.completions = CompletionLog()
+        kit.finished = self.completions
+        self.lengths: dict[str, int] = {}
+        self.aborted: Counter[str] = Counter()
+        self.retracted: list[tuple[Any, Any]] = []  # (req, its in-flight batch)
+        self.retractions = 0
+        self.violations = Violations()
+        self.rows = kit.cfg.rows or kit.geometry.rows
+        self.tokens = kit.cfg.tokens or kit.geometry.tokens
+        rt = kit.runtime
+        self.park_bound = (rt.traversal.cfg.max_park_rounds
+                           if rt is not None and rt.traversal is not None else 0)
+        self.longest_wait_rounds = 0  # most consecutive rounds any request stayed parked
+        self.most_parked_rounds = 0  # most rounds one request was parked before selection
+        self.stale_cow_sources = 0
+        self.scan_cpu_s: list[float] = []
+        self.queue_lens: list[int] = []
+        self.steps = 0
+        self.rounds = 0
+        self.scheduled_tokens = 0
+        self.hit_tokens = 0
+        self.peak_kv_used = 0
+        self.peak_mamba_used = 0
+        self.shapes: list[tuple] | None = [] if record_shapes else None
+        self._end: dict[str, int] = {}  # rid -> prefix + extend after its last round
+        self._kv_total = kit.pools.allocator.available_size()
+        self._mamba_total = kit._mamba_free()
+        self._scan = kit.scan
+        kit.scan = self._timed_scan  # NOTE: Kit.step calls self.scan(): time only the scan
+
+    # --- requests ------------------------------------------------------------------------------
+    def submit(self, rid: str, ids: Sequence[int], namespace: str | None = None) -> Any:
+        if rid in self.lengths:
+            raise ValueError(f"duplicate request id {rid!r}")
+        req = self.kit.req(rid, ids, namespace)
+        self.lengths[rid] = len(ids)
+        self.kit.submit(req)
+        return req
+
+    def waiting_rids(self) -> list[str]:
+        return [r.rid for r in self.kit.sched.waiting_queue]
+
+    def abort(self, rid: str) -> bool:
+        """Abort a queued request; False (nothing done) when it is not queued any more."""
+        if rid not in self.waiting_rids():
+            return False
+        self.kit.abort_waiting(rid)
+        self.aborted[rid] += 1
+        return True
+
+    def retractable(self) -> list[Any]:
+        """Requests of in-flight batches that SGLang could retract: not a continuing chunk
+        (chunked requests are never in the running batch), not finished, not retracted."""
+        sched = self.kit.sched
+        out = []
+        for batch, _ in sched.result_queue:
+            for r in batch.reqs:
+                if r is sched.chunked_req or r.finished() or r.is_retracted:
+                    continue
+                if r.inflight_middle_chunks > 0:
+                    continue
+                out.append(r)
+        return out
+
+    def retract(self, req: Any) -> None:
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        batch = next(b for b, _ in self.kit.sched.result_queue if req in b.reqs)
+        release_kv_cache(req, self.kit.pools.cache, checkpoint=False)  # as release_req
+        req.reset_for_retract()
+        self.retracted.append((req, batch))
+        self._end.pop(req.rid, None)  # it restarts from whatever the cache then holds
+        self.retractions += 1
+
+    def _requeue(self) -> None:
+        inflight = [b for b, _ in self.kit.sched.result_queue]
+        keep = []
+        for req, batch in self.retracted:
+            if any(b is batch for b in inflight):
+                keep.append((req, batch))
+            else:
+                self.kit.submit(req)
+        self.retracted = keep
+
+    # --- rounds -------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        s = self.kit.sched
+        return bool(s.waiting_queue or s.chunked_req is not None or s.result_queue
+                    or self.retracted)
+
+    def _timed_scan(self) -> Any:
+        self.queue_lens.append(len(self.kit.sched.waiting_queue))
+        t = time.process_time()
+        batch = self._scan()
+        self.scan_cpu_s.append(time.process_time() - t)
+        return batch
+
+    def step(self) -> Any:
+        self._requeue()
+        rnd = self.kit.step()
+        self.steps += 1
+        self._requeue()
+        self._check_round(rnd)
+        self._check_waiting()
+        self._check_pools()
+        return rnd
+
+    def drain(self, max_steps: int = 100_000, tick: float = 1e-3) -> None:
+        for _ in range(max_steps):
+            if not self.busy:
+                return
+            if self.clock is not None:
+                self.clock.next_arrival = math.inf
+                self.clock.now += tick
+            self.step()
+        raise RuntimeError(f"not drained after {max_steps} steps: "
+                           f"{len(self.kit.sched.waiting_queue)} waiting")
+
+    # --- invariants ----------------------------------------------------------------------------
+    def _check_round(self, rnd: Any) -> None:
+        if rnd is None:
+            return
+        v = self.violations
+        self.rounds += 1
+        self.scheduled_tokens += rnd.scheduled_tokens
+        self.hit_tokens += sum(rnd.prefix.values())
+        if self.shapes is not None:
+            self.shapes.append((rnd.rids, rnd.extend, rnd.prefix, rnd.track, rnd.chunked))
+        if len(rnd.rids) > self.rows:
+            v.add("row_budget", f"round {rnd.index}: {len(rnd.rids)} rows > {self.rows}")
+        if rnd.scheduled_tokens > self.tokens:
+            v.add("token_budget",
+                  f"round {rnd.index}: {rnd.scheduled_tokens} tokens > {self.tokens}")
+        if len(set(rnd.rids)) != len(rnd.rids):
+            v.add("duplicate_row", f"round {rnd.index}: {rnd.rids}")
+        for rid in rnd.rids:
+            if rid not in self.lengths:
+                v.add("unknown_request", f"round {rnd.index} selects {rid!r}")
+                continue
+            if self.completions.count[rid] or self.aborted[rid]:
+                v.add("selected_after_end", f"round {rnd.index} selects ended {rid!r}")
+            prefix, extend = rnd.prefix[rid], rnd.extend[rid]
+            if extend <= 0:
+                v.add("empty_extend", f"round {rnd.index}: {rid} extends {extend}")
+            if rid in self._end and prefix != self._end[rid]:
+                v.add("chunk_chain",
+                      f"round {rnd.index}: {rid} resumes at {prefix}, not {self._end[rid]}")
+            self._end[rid] = prefix + extend
+
+    def _check_waiting(self) -> None:
+        v = self.violations
+        kit = self.kit
+        waiting = kit.sched.waiting_queue
+        rids = {r.rid for r in waiting}
+        for r in waiting:
+            if r.kv.mamba_cow_src_index is not None:
+                self.stale_cow_sources += 1
+                v.add("stale_cow_source", f"step {self.steps}: waiting {r.rid} keeps a COW source")
+            if r.kv.mamba_needs_clear:
+                v.add("stale_mamba_clear", f"step {self.steps}: waiting {r.rid}")
+            if r.kv.holds_mamba:
+                v.add("waiting_holds_mamba", f"step {self.steps}: waiting {r.rid}")
+            if r.kv.holds_kv:
+                v.add("waiting_holds_kv", f"step {self.steps}: waiting {r.rid}")
+            if r.lock is not None:
+                v.add("waiting_holds_lock", f"step {self.steps}: waiting {r.rid}")
+        rt = kit.runtime
+        if rt is None:
+            return
+        if rt.traversal is not None:
+            waits = rt.traversal.waits
+            for rid in waits.rids():
+                p = waits.get(rid)
+                self.longest_wait_rounds = max(self.longest_wait_rounds, p.rounds)
+                if rid not in rids:
+                    v.add("parked_not_waiting", f"step {self.steps}: {rid} parked, not queued")
+                if p.rounds > self.park_bound:
+                    v.add("park_bound", f"step {self.steps}: {rid} parked {p.rounds} rounds "
+                                        f"> {self.park_bound}")
+        for rid in rids:
+            rs = rt.requests.get(rid)
+            if rs is not None:
+                self.most_parked_rounds = max(self.most_parked_rounds, rs.rounds_parked)
+
+    def _check_pools(self) -> None:
+        kit = self.kit
+        self.peak_kv_used = max(self.peak_kv_used,
+                                self._kv_total - kit.pools.allocator.available_size())
+        if self._mamba_total is not None:
+            self.peak_mamba_used = max(self.peak_mamba_used,
+                                       self._mamba_total - kit._mamba_free())
+
+    def finish(self) -> dict[str, int]:
+        """After the drain: end-of-run invariants; returns the kit's leak counts."""
+        v = self.violations
+        if self.busy:
+            v.add("not_drained", f"{len(self.kit.sched.waiting_queue)} waiting")
+        for rid, n in self.lengths.items():
+            done, ab = self.completions.count[rid], self.aborted[rid]
+            if done + ab != 1:
+                v.add("ended_once", f"{rid}: completed {done}x, aborted {ab}x")
+            elif done and self._end.get(rid) != n:
+                v.add("coverage", f"{rid}: computed to {self._end.get(rid)} of {n} tokens")
+        for rid in set(self.completions.count) - set(self.lengths):
+            v.add("unknown_completion", rid)
+        rt = self.kit.runtime
+        if rt is not None:
+            if rt.requests:
+                v.add("stale_records", f"runtime.requests keeps {sorted(rt.requests)[:5]}")
+            if rt.frag_deferred:
+                v.add("stale_records", f"frag_deferred keeps {sorted(rt.frag_deferred)[:5]}")
+            if rt.traversal is not None:
+                w = rt.traversal.waits
+                if len(w) or w.total_rounds:
+                    v.add("stale_records", f"wait set keeps {w.rids()[:5]} / "
+                                           f"{sorted(w.total_rounds)[:5]}")
+        leaks = self.kit.leaks()
+        for kind, n in leaks.items():
+            if n:
+                v.add(f"leaked_{kind}", f"{n} slots")
+        return leaks
+
+
+# --------------------------------------------------------------------------------------------
+# The soak workload
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arrival:
+    t: float  # virtual seconds
+    rids: tuple[str, ...]
+    ids: tuple[tuple[int, ...], ...]
+    namespace: str
+    abort_after: tuple[int | None, ...]  # scans after arrival to abort at (None: never)
+
+
+def soak_workload(n_requests: int, rate: float, seed: int, abort_frac: float = 0.05,
+                  window: int = 24) -> list[Arrival]:
+    """Seeded arrivals: questions of 1-4 branches over a sliding window of recent documents
+    (150-400 tokens), 10-40 question tokens, 3-30 branch tokens; one in eight arrivals is an
+    unrelated request of 40-500 tokens. Four namespaces. About `abort_frac` of the requests
+    are marked to be aborted 0-3 scans after they arrive."""
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(1_000, 100_000) for _ in range(n)]
+
+    docs: deque[tuple[list[int], str]] = deque(maxlen=window)
+    out: list[Arrival] = []
+    t, made, q = 0.0, 0, 0
+    while made < n_requests:
+        t += rng.expovariate(rate)
+        if rng.random() < 1 / 8:
+            n = 1
+            texts = [ids(rng.randint(40, 500))]
+            ns = f"ns{rng.randrange(4)}"
+        else:
+            if not docs or rng.random() < 0.15:
+                docs.append((ids(rng.randint(150, 400)), f"ns{rng.randrange(4)}"))
+            doc, ns = rng.choice(docs)
+            question = ids(rng.randint(10, 40))
+            n = min(rng.randint(1, 4), n_requests - made)
+            texts = [doc + question + ids(rng.randint(3, 30)) for _ in range(n)]
+        n = min(n, n_requests - made)
+        rids = tuple(f"q{q}/{b}" for b in range(n))
+        aborts = tuple(rng.randint(0, 3) if rng.random() < abort_frac else None
+                       for _ in range(n))
+        out.append(Arrival(t, rids, tuple(tuple(x) for x in texts[:n]), ns, aborts))
+        made += n
+        q += 1
+    return out
+
+
+@dataclass
+class SoakConfig:
+    model: str = "qwen3.5-4b"
+    layout: str = "extra_buffer"
+    overlap: bool = False
+    rows: int = 16
+    tokens: int = 2048
+    kv_tokens: int = 6000
+    mamba_slots: int | None = None  # default: tight for the layout (see mamba_slots_for)
+    rate: float = 250.0  # requests/s offered (virtual time)
+    abort_frac: float = 0.05
+    retract_prob: float = 0.05  # per in-flight request and step, with overlap only
+    seed: int = 0
+
+
+def mamba_slots_for(layout: str, rows: int) -> int:
+    """A tight mamba pool: the rows' working slots (extra_buffer: + ping-pong buffers)
+    and a little room for the tree's published states."""
+    return (3 if layout == "extra_buffer" else 1) * rows + 8
+
+
+def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
+               progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Replay `arrivals` through a fresh kit under `policy`; return its soak figures."""
+    import torch
+
+    from eval.costmodel import default_cost
+    from radixflow_sglang.adapter.kit import Kit, KitConfig
+    from radixflow_sglang.geometry import load_geometry
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # NOTE: tiny CPU tensors; intra-op threads only add noise
+    t_wall = time.perf_counter()
+    try:
+        clock = VirtualClock()
+        geo_hybrid = load_geometry(cfg.model).hybrid
+        slots = cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows)
+        kit = Kit(KitConfig(model=cfg.model, layout=cfg.layout, rows=cfg.rows, tokens=cfg.tokens,
+                            kv_tokens=cfg.kv_tokens, mamba_slots=slots if geo_hybrid else None,
+                            overlap=cfg.overlap),
+                  policy=policy, clock=clock, sleep=clock.sleep)
+        h = Harness(kit, clock)
+        cost = default_cost(cfg.model)
+        rng = random.Random(cfg.seed + 1)
+        pending = deque(arrivals)
+        abort_at: dict[str, int] = {}  # rid -> scan index to abort at
+        now, idle, ended = 0.0, 0, 0
+        while pending or h.busy:
+            while pending and pending[0].t <= now:
+                a = pending.popleft()
+                for rid, ids, after in zip(a.rids, a.ids, a.abort_after, strict=True):
+                    h.submit(rid, ids, a.namespace)
+                    if after is not None:
+                        abort_at[rid] = h.steps + after
+            if not h.busy:
+                now = pending[0].t
+                continue
+            for rid in [r for r, s in abort_at.items() if s <= h.steps]:
+                del abort_at[rid]
+                h.abort(rid)  # NOTE: already selected: nothing to abort (counted as completed)
+            if cfg.overlap and cfg.retract_prob > 0:
+                for req in h.retractable():
+                    if rng.random() < cfg.retract_prob:
+                        h.retract(req)
+            clock.now = now
+            clock.next_arrival = pending[0].t if pending else math.inf
+            rnd = h.step()
+            slept = clock.now > now
+            now = max(now, clock.now)
+            if rnd is not None:
+                now += cost.batch(rnd.extend, rnd.prefix)
+                idle = 0
+            elif not slept:
+                now = min(clock.next_arrival, now + IDLE_TICK_S)
+                idle += 1
+                if idle > 200_000:
+                    raise RuntimeError(f"{policy}: no progress for {idle} scans at t={now:.3f}s "
+                                       f"with {len(kit.sched.waiting_queue)} waiting")
+            done = sum(h.completions.count.values()) + sum(h.aborted.values())
+            if progress is not None and done > ended:
+                progress(done - ended)
+                ended = done
+        leaks = h.finish()
+    finally:
+        torch.set_num_threads(threads)
+    return summarize(policy, h, leaks, kit, cfg, time.perf_counter() - t_wall, now)
+
+
+def _decile_ms(xs: list[float], last: bool) -> float:
+    if not xs:
+        return 0.0
+    n = max(1, len(xs) // 10)
+    part = xs[-n:] if last else xs[:n]
+    return 1e3 * sum(part) / len(part)
+
+
+def summarize(policy: str, h: Harness, leaks: dict[str, int], kit: Any, cfg: SoakConfig,
+              wall_s: float, virtual_s: float) -> dict[str, Any]:
+    rt = kit.runtime
+    first = _decile_ms(h.scan_cpu_s, last=False)
+    last = _decile_ms(h.scan_cpu_s, last=True)
+    q = h.queue_lens
+    n = max(1, len(q) // 10)
+    return {
+        "requests": len(h.lengths),
+        "completed": sum(1 for c in h.completions.count.values() if c),
+        "aborted": sum(1 for c in h.aborted.values() if c),
+        "retracted": h.retractions,
+        "leaked_kv_slots": leaks.get("kv", 0),
+        "leaked_mamba_slots": leaks.get("mamba", 0),
+        "leaked_rows": leaks.get("rows", 0),
+        "stale_cow_sources": h.stale_cow_sources,
+        "longest_wait_rounds": h.longest_wait_rounds,
+        "most_parked_rounds_per_request": h.most_parked_rounds,
+        "park_bound": h.park_bound,
+        "scan_cpu_ms_per_round_first_decile": round(first, 4),
+        "scan_cpu_ms_per_round_last_decile": round(last, 4),
+        "scan_cost_last_over_first": round(last / first, 3) if first else None,
+        "scans": len(h.scan_cpu_s),
+        "rounds": h.rounds,
+        "queue_len_first_decile": round(sum(q[:n]) / n, 2) if q else 0.0,
+        "queue_len_last_decile": round(sum(q[-n:]) / n, 2) if q else 0.0,
+        "queue_len_max": max(q, default=0),
+        "scheduled_tokens": h.scheduled_tokens,
+        "hit_tokens": h.hit_tokens,
+        "blocked": rt.totals.blocked if rt is not None else 0,
+        "forks": rt.totals.forks if rt is not None else 0,
+        "released_by_bound": rt.totals.released_by_bound if rt is not None else 0,
+        "held_iterations": rt.held_iterations if rt is not None else 0,
+        "frag_deferred": rt.totals.frag_deferred if rt is not None else 0,
+        "kv_tokens": cfg.kv_tokens,
+        "peak_kv_used": h.peak_kv_used,
+        "mamba_slots": kit._mamba_total,
+        "peak_mamba_used": h.peak_mamba_used,
+        "virtual_s": round(virtual_s, 3),
+        "violations": h.violations.total(),
+        "violation_kinds": dict(h.violations.count),
+        "violation_examples": h.violations.examples,
+        "wall_s": round(wall_s, 2),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one policy")
+    bad = [p for p in names if p not in POLICIES]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {', '.join(map(repr, bad))} (choose from {', '.join(POLICIES)})")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a policy is listed twice: {text!r}")
+    return names
+
+
+def _positive(kind: type, what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not x > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return x
+
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {text!r}")
+    return x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eval/soak.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=_positive(int, "an integer"), default=10_000)
+    p.add_argument("--out", required=True, help="output directory (writes DIR/soak.json)")
+    p.add_argument("--policies", type=_policies, default=list(POLICIES),
+                   help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)")
+    p.add_argument("--model", choices=MODEL_CHOICES, default="qwen3.5-4b")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, default="extra_buffer",
+                   help="mamba cache layout of hybrid models (ignored for full attention)")
+    p.add_argument("--overlap", action="store_true",
+                   help="overlap scheduling (publish lag 2), with retractions of in-flight rows")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rate", type=_positive(float, "a number"), default=SoakConfig.rate,
+                   help="offered requests/s in virtual time (default %(default)s)")
+    p.add_argument("--abort-frac", type=_fraction, default=SoakConfig.abort_frac)
+    p.add_argument("--kv-tokens", type=_positive(int, "an integer"), default=SoakConfig.kv_tokens)
+    p.add_argument("--mamba-slots", type=_positive(int, "an integer"), default=None)
+    p.add_argument("--rows", type=_positive(int, "an integer"), default=SoakConfig.rows)
+    p.add_argument("--tokens", type=_positive(int, "an integer"), default=SoakConfig.tokens)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.overlap and args.layout == "no_buffer" and args.model != "qwen3-8b":
+        print("eval/soak.py: error: --overlap needs --layout extra_buffer (SGLang turns overlap "
+              "scheduling off for no_buffer)", file=sys.stderr)
+        return 2
+    cfg = SoakConfig(model=args.model, layout=args.layout, overlap=args.overlap, rows=args.rows,
+                     tokens=args.tokens, kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots,
+                     rate=args.rate, abort_frac=args.abort_frac, seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    arrivals = soak_workload(args.requests, cfg.rate, cfg.seed, cfg.abort_frac)
+    show = not args.no_progress
+    results: dict[str, Any] = {}
+    for policy in args.policies:
+        bar = None
+        if show:
+            from tqdm import tqdm
+
+            bar = tqdm(total=args.requests, desc=f"{args.model} {policy}", unit="req",
+                       file=sys.stderr, mininterval=1.0)
+        try:
+            res = run_policy(policy, arrivals, cfg, bar.update if bar is not None else None)
+        except Exception as e:  # noqa: BLE001 - recorded per policy, the others still run
+            res = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            if bar is not None:
+                bar.close()
+        results[policy] = res
+        if "error" in res:
+            print(f"[{policy}] FAILED: {res['error']}", file=sys.stderr)
+        else:
+            print(f"[{policy}] completed={res['completed']} aborted={res['aborted']} "
+                  f"leaks kv={res['leaked_kv_slots']} mamba={res['leaked_mamba_slots']} "
+                  f"stale_cow={res['stale_cow_sources']} wait={res['longest_wait_rounds']} "
+                  f"scan ms {res['scan_cpu_ms_per_round_first_decile']:.3f}->"
+                  f"{res['scan_cpu_ms_per_round_last_decile']:.3f} "
+                  f"violations={res['violations']} ({res['wall_s']:.1f}s)", file=sys.stderr)
+    doc = {
+        "config": {**cfg.__dict__, "requests": args.requests, "policies": args.policies,
+                   "mamba_slots": cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows)},
+        "policies": results,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    (out / "soak.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out / 'soak.json'} ({doc['wall_s']:.1f}s wall)", file=sys.stderr)
+    bad = [p for p, r in results.items() if "error" in r or r["violations"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
