@@ -86,9 +86,11 @@ class CompletionLog(dict):
     def __init__(self) -> None:
         super().__init__()
         self.count: Counter[str] = Counter()
+        self.order: list[str] = []
 
     def __setitem__(self, rid: str, req: Any) -> None:
         self.count[rid] += 1
+        self.order.append(rid)
         super().__setitem__(rid, None)
 
 
@@ -150,6 +152,8 @@ class Harness:
         self.peak_mamba_used = 0
         self.shapes: list[tuple] | None = [] if record_shapes else None
         self._end: dict[str, int] = {}  # rid -> prefix + extend after its last round
+        self._ended: set[str] = set()  # completed or aborted before the current step
+        self._seen = 0  # completions already moved into _ended
         self._kv_total = kit.pools.allocator.available_size()
         self._mamba_total = kit._mamba_free()
         self._scan = kit.scan
@@ -173,6 +177,7 @@ class Harness:
             return False
         self.kit.abort_waiting(rid)
         self.aborted[rid] += 1
+        self._ended.add(rid)
         return True
 
     def retractable(self) -> list[Any]:
@@ -229,6 +234,9 @@ class Harness:
         self.steps += 1
         self._requeue()
         self._check_round(rnd)
+        order = self.completions.order
+        self._ended.update(order[self._seen:])
+        self._seen = len(order)
         self._check_waiting()
         self._check_pools()
         return rnd
@@ -265,7 +273,7 @@ class Harness:
             if rid not in self.lengths:
                 v.add("unknown_request", f"round {rnd.index} selects {rid!r}")
                 continue
-            if self.completions.count[rid] or self.aborted[rid]:
+            if rid in self._ended:
                 v.add("selected_after_end", f"round {rnd.index} selects ended {rid!r}")
             prefix, extend = rnd.prefix[rid], rnd.extend[rid]
             if extend <= 0:

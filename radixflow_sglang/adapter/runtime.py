@@ -121,6 +121,7 @@ class RadixFlowRuntime:
             return False
         tokens, ns = req_tokens(req), namespace(req)
         if not t.may_block(req.rid, ns, tokens):
+            t.waits.release(req.rid)  # rechecked: no live producer, native handling
             return False
         if adder.new_chunked_req is not None and self._fork_chunk is None:
             t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
@@ -129,7 +130,10 @@ class RadixFlowRuntime:
         cand = Candidate(req.rid, ns, tokens, req.prefix_len,
                          req._compute_max_prefix_len(len(tokens)))
         b = t.classify(cand)
-        if b is None or not t.park(cand, b):
+        if b is None:
+            t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
+            return False
+        if not t.park(cand, b):
             return False
         release_parked(sched, req)
         self._apply_fork(b, adder)

@@ -31,8 +31,9 @@ class WaitSet:
         return self._parked.get(rid)
 
     def may_park(self, rid: str) -> bool:
-        p = self._parked.get(rid)
-        return p is None or p.rounds < self.max_rounds
+        # NOTE: the bound counts every round the request ever parked, so leaving and
+        # re-entering the wait set cannot extend its wait.
+        return self.total_rounds.get(rid, 0) < self.max_rounds
 
     def park(self, rid: str, round_idx: int, producer: str, depth: int) -> Parked:
         p = self._parked.get(rid)
