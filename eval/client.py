@@ -186,15 +186,25 @@ class GenerateSender:
         self._branches.shutdown(wait=True)
 
 
-def split_text(q: Question, decode: Callable[[Sequence[int]], str]) -> tuple[str, list[str]]:
+def split_text(q: Question, decode: Callable[[Sequence[int]], str],
+               namespace_prefix: str = "") -> tuple[str, list[str]]:
     """(shared prefix text, per-branch rest) decoded from the workload's ids.
 
     The frontend sends text; the server re-tokenizes it, so the ids it computes can differ
     from the workload's (BPE may merge across the piece boundary; random synthetic ids do not
     round-trip at all). `prompt_tokens` in the records says what the server saw.
+
+    The frontend cannot send `extra_key`, so the cache namespace is emulated in the text: the
+    prompt starts with a tag line "[namespace]" (none for an empty namespace). Prompts of
+    different namespaces then differ from their first tokens on and share no cache entry, as
+    with `extra_key`; without it the regimes' namespaces (and the segments, which replay the
+    same documents) would share everything.
     """
     p = q.prefix_len
-    return decode(q.branches[0].input_ids[:p]), [decode(b.input_ids[p:]) for b in q.branches]
+    ns = namespace_prefix + q.namespace
+    tag = f"[{ns}]\n" if ns else ""
+    prefix = tag + decode(q.branches[0].input_ids[:p])
+    return prefix, [decode(b.input_ids[p:]) for b in q.branches]
 
 
 def _fork_program():
@@ -216,22 +226,24 @@ def _fork_program():
 class ForkSender:
     """A question as an SGLang frontend program: prefix, `s.fork(4)`, `sgl.gen(max_tokens=1)`.
 
-    The frontend cannot set `rid` or `extra_key`: its requests carry server-chosen ids and no
-    cache namespace (isolation comes from the arm's own fresh server only; within it, questions
-    of different namespaces may share cache entries). Completion times are taken when the
-    program observes each fork's result.
+    The frontend cannot set `rid` or `extra_key`: its requests carry server-chosen ids
+    (meta_info.id, recorded as server_rid) and the namespace is a tag line at the start of the
+    prompt (`split_text`). Completion times are taken when the program observes each fork's
+    result.
     """
 
-    def __init__(self, base_url: str, decode: Callable[[Sequence[int]], str]) -> None:
+    def __init__(self, base_url: str, decode: Callable[[Sequence[int]], str], *,
+                 namespace_prefix: str = "") -> None:
         import sglang as sgl
 
         self.backend = sgl.RuntimeEndpoint(base_url)
         self.decode = decode
+        self.namespace_prefix = namespace_prefix
         self.program = _fork_program()
 
     def send(self, q: Question, slot: Slot) -> list[BranchRecord]:
         recs = [BranchRecord.open(q, b, slot) for b in q.branches]
-        prefix, rests = split_text(q, self.decode)
+        prefix, rests = split_text(q, self.decode, self.namespace_prefix)
         t = time.monotonic()
         for r in recs:
             r.send_s = t
@@ -490,9 +502,12 @@ def core_metrics(rows: Sequence[Mapping[str, Any]],
         m.update({k: None for k in UNKNOWN_WITHOUT_TRACE})
         m["scheduled_tokens"] = inp - hit
         m["counters"] = "meta_info (no server trace)"
+        m["tokens_conserved"] = None
     else:
         m.update(_trace_counters(rows, trace))
         m["counters"] = "radixflow trace"
+        # The twin's conservation: scheduled + hit == input (chunks included, no recompute).
+        m["tokens_conserved"] = m["scheduled_tokens"] == inp - hit
     return m
 
 
