@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -359,12 +360,14 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
             info = http_json(srv.base + "/server_info")
             (arm_dir / "server_info.json").write_text(json.dumps(info, indent=1, default=str))
             sender = make_sender(spec, srv.base, cfg.pool, cfg.model)
+            log_mark = prefill_log_lines(arm_dir / "server.log")
             try:
                 res = client.replay(segments, sender, pool=cfg.pool, raw_path=raw_path,
                                     progress=not cfg.no_progress, desc=spec.name)
             finally:
                 sender.close()
             arm.replay_wall_s = res.wall_s
+            batches = prefill_log_lines(arm_dir / "server.log")[len(log_mark):]
             leaks = srv.idle_leak_check()
         arm.records = client.read_jsonl(raw_path)
         trace = client.load_trace(trace_path) if spec.traced else None
@@ -373,6 +376,7 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
         bud = budgets(info)
         arm.metrics = client.summarize(arm.records, trace, leaks=leaks,
                                        l_caps=l_caps(segments, bud), budgets=bud)
+        add_log_rounds(arm.metrics, batches)
     except Exception as e:  # noqa: BLE001 - the arm fails with its error, never filled in
         arm.error_detail = f"{type(e).__name__}: {e}"
         arm.error = " ".join(arm.error_detail.split())[:2000]  # one line: it goes in tables
@@ -380,6 +384,30 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
             arm.records = client.read_jsonl(raw_path)
     arm.wall_s = time.perf_counter() - t0
     return arm
+
+
+PREFILL_LINE = re.compile(
+    r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+)")
+
+
+def prefill_log_lines(log: Path) -> list[tuple[int, int, int]]:
+    """SGLang's own per-batch log line (SchedulerMetricsReporter.report_prefill_stats), one per
+    prefill round, written by every arm including untouched stock: (rows, new, cached)."""
+    if not log.exists():
+        return []
+    return [tuple(map(int, m.groups())) for m in PREFILL_LINE.finditer(log.read_text())]
+
+
+def add_log_rounds(metrics: dict[str, Any], batches: list[tuple[int, int, int]]) -> None:
+    """Rounds seen in SGLang's log during the replay; they stand in for the trace's where an
+    arm has no trace (stock), and cross-check it where it has one."""
+    metrics["rounds_sglang_log"] = len(batches)
+    metrics["scheduled_tokens_sglang_log"] = sum(b[1] for b in batches)
+    if metrics.get("rounds") is None and batches:
+        metrics["rounds"] = len(batches)
+        metrics["rows_per_round"] = sum(b[0] for b in batches) / len(batches)
+        metrics["tokens_per_round"] = sum(b[1] for b in batches) / len(batches)
+        metrics["rounds_source"] = "sglang log"
 
 
 # --------------------------------------------------------------------------------------------

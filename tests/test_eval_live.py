@@ -216,3 +216,23 @@ def test_run_arms_end_to_end(tmp_path):
     assert math.isfinite(arms["radixflow"]["latency_mean_s"])
     for name in arms:
         assert (out / f"arm-{name}" / "requests.jsonl").exists()
+
+
+def test_rounds_from_sglangs_own_prefill_log_lines(tmp_path):
+    from eval.run_arms import add_log_rounds, prefill_log_lines
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[t] Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, full token usage: 0\n"
+        "[t] unrelated line\n"
+        "[t] Prefill batch, #new-seq: 3, #new-token: 120, #cached-token: 5952, mamba usage: 0\n"
+        "[t] Prefill batch, #new-seq: 1, #new-token: 2040, #cached-token: 0, mamba usage: 0\n")
+    batches = prefill_log_lines(log)
+    assert batches == [(1, 6, 0), (3, 120, 5952), (1, 2040, 0)]
+    stock = {"rounds": None}
+    add_log_rounds(stock, batches[1:])  # the first line came before the replay
+    assert stock["rounds"] == 2 and stock["rows_per_round"] == 2.0
+    assert stock["scheduled_tokens_sglang_log"] == 2160 and stock["rounds_source"] == "sglang log"
+    traced = {"rounds": 7}
+    add_log_rounds(traced, batches)
+    assert traced["rounds"] == 7 and traced["rounds_sglang_log"] == 3  # the trace wins
