@@ -179,13 +179,14 @@ def test_frag_deferral_is_capped_then_native_chunking(make_kit, clock):
     assert k.runtime.frag_deferred["b"] == 1
 
 
-def test_skewed_clocks_agree_through_rank_zero(make_kit):
+@pytest.mark.parametrize("policy", ["radixflow", "timer5"])
+def test_skewed_clocks_agree_through_rank_zero(make_kit, policy):
     """Two simulated TP ranks whose clocks disagree (rank 1 jitters by 0-3 ms per iteration):
     with agreement every round is identical."""
 
     def run(agree: bool):
         clocks = [Clock(), Clock()]
-        kits = [make_kit(policy="radixflow", clock=c) for c in clocks]
+        kits = [make_kit(policy=policy, clock=c) for c in clocks]
         shared: list[Decision] = []
         kits[0].runtime.agreement = lambda d: (shared.append(d), d)[1]
         if agree:
@@ -206,3 +207,29 @@ def test_skewed_clocks_agree_through_rank_zero(make_kit):
     assert same[0] == same[1] and any(same[0])
     differ = run(agree=False)
     assert differ[0] != differ[1]  # without agreement the skewed rank decides differently
+
+
+def test_a_fresh_arrival_does_not_hold_back_parked_consumers(make_kit, clock):
+    k = make_kit(policy="radixflow", clock=clock)
+    k.submit(*[k.req(f"b{i}", DOC + [i, 9, 9]) for i in range(3)])
+    assert k.step() is None
+    clock.t = 0.006
+    assert k.step().rids == ["b0"]  # b1, b2 parked
+    k.submit(k.req("late", list(range(60_000, 60_400))))  # fresh, 0 ms old
+    second = k.step()  # parked consumers are eligible work: no hold, late rides along (flex)
+    assert sorted(second.rids) == ["b1", "b2", "late"]
+
+
+def test_timer_runs_eligible_work_while_fresh_requests_wait_their_deadline(make_kit, clock):
+    k = make_kit(policy="timer5", clock=clock)
+    k.submit(k.req("early", list(range(60_000, 60_400))))
+    assert k.step() is None
+    clock.t = 0.005
+    k.submit(k.req("late", list(range(70_000, 70_400))))  # fresh: its own deadline is 0.010
+    k.submit(k.req("early2", list(range(80_000, 80_100))))
+    k.sched.waiting_queue.sort(key=lambda r: r.rid != "late")  # late sits first in the queue
+    rnd = k.step()
+    assert rnd.rids == ["early"]  # the fresh ones are skipped, not selected ahead of time
+    assert k.runtime.totals.rounds == 1
+    clock.t = 0.010
+    assert sorted(k.step().rids) == ["early2", "late"]

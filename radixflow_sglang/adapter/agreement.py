@@ -21,9 +21,10 @@ def group_agreement(group) -> Agreement:
     src = dist.get_global_rank(group, 0)
 
     def share(decision: Decision) -> Decision:
-        t = torch.tensor([int(decision.hold), REASONS.index(decision.reason)], dtype=torch.int64)
+        t = torch.tensor([int(decision.hold), REASONS.index(decision.reason), decision.count],
+                         dtype=torch.int64)
         dist.broadcast(t, src=src, group=group)
-        return Decision(bool(t[0]), REASONS[int(t[1])])
+        return Decision(bool(t[0]), REASONS[int(t[1])], int(t[2]))
 
     return share
 

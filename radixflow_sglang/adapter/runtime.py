@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from radixflow_sglang.core.admission import Agreement, Demand, Gate, local_agreement
+from radixflow_sglang.core.admission import Agreement, Decision, Demand, Gate, local_agreement
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.policy import PolicySpec, policy_spec
@@ -87,6 +87,7 @@ class RadixFlowRuntime:
         self._release_reason = ""
         self.metrics = None  # RadixFlowMetrics in a server with --enable-metrics
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
+        self._seq = 0  # registration order
         self._held_since_round = 0
 
     @classmethod
@@ -114,8 +115,11 @@ class RadixFlowRuntime:
             self.traversal.admitted(self._producer(req, movable=False))
 
     def park(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
-        self.stats.visited += 1
         self._register(req)
+        if self.gate is not None and not self.requests[req.rid].eligible:
+            self.stats.held += 1  # held by the timer while eligible work runs: not visited
+            return True
+        self.stats.visited += 1
         t = self.traversal
         if t is None or getattr(req, "session", None) is not None:
             return False
@@ -166,8 +170,8 @@ class RadixFlowRuntime:
         if self.spec.admission == "timer" and run:
             self._count_overtakes(sched, run)
         s.t_end = self.clock()
-        s.held, self._held_since_round = self.held_iterations - self._held_since_round, \
-            self.held_iterations
+        s.held += self.held_iterations - self._held_since_round
+        self._held_since_round = self.held_iterations
         self.totals.add(s)
         parked = []
         for r in run:
@@ -205,16 +209,30 @@ class RadixFlowRuntime:
         now = self.clock()
         for r in queue:
             self._register(r)
-        if all(self.requests[r.rid].eligible for r in queue):
+        fresh = [r for r in queue if not self.requests[r.rid].eligible]
+        if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
-        demand = self._demand(sched, running_batch, queue)
+        demand = self._demand(sched, running_batch, queue, fresh)
         decision = self.gate.decide(demand, now)
+        if decision.reason == "deadline" and self.gate.mode == "timer":
+            # NOTE: a timer releases each request at its own deadline, nothing earlier.
+            cutoff = now - self.gate.deadline_s
+            due = sum(1 for r in fresh if self.requests[r.rid].registered <= cutoff)
+            decision = Decision(False, "deadline", due)
         if decision.reason == "deadline" or decision.hold:
             decision = self.agreement(decision)  # NOTE: the only clock-dependent outcomes
         if not decision.hold:
             self._release_reason = decision.reason
-            for r in queue:
+            if decision.count >= 0:
+                # NOTE: registration order is the same on every rank (requests are registered
+                # in the iteration they first wait, in queue order); deadlines follow it.
+                fresh = sorted(fresh, key=lambda r: self.requests[r.rid].seq)[: decision.count]
+            for r in fresh:
                 self.requests[r.rid].eligible = True
+            return False
+        if len(fresh) < len(queue):
+            # Eligible work waits: the round runs it; fresh requests stay out of the scan
+            # (`park` skips them), so nothing overtakes what became eligible first.
             return False
         self.held_iterations += 1
         wait = min(self.gate.wake_in(demand, now), self.gate.deadline_s)
@@ -225,9 +243,10 @@ class RadixFlowRuntime:
             self.sleep(wait)
         return True
 
-    def _demand(self, sched: Scheduler, running_batch, queue) -> Demand:
+    def _demand(self, sched: Scheduler, running_batch, queue, fresh) -> Demand:
+        # NOTE: eligible requests still waiting are work this round will run (flex rule a).
         busy = (not running_batch.is_empty() or sched.chunked_req is not None
-                or len(getattr(sched, "result_queue", ())) > 0)
+                or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
         rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
         budget, chunk = sched.max_prefill_tokens, sched.chunked_prefill_size
         budget = min(budget, chunk) if chunk and chunk > 0 else budget
@@ -238,9 +257,8 @@ class RadixFlowRuntime:
                 r.init_next_round_input(sched.tree_cache, cow_mamba=False)
                 release_parked(sched, r)
                 residual += len(r.origin_input_ids) + len(r.output_ids) - r.prefix_len
-        oldest = min(self.requests[r.rid].registered for r in queue
-                     if not self.requests[r.rid].eligible)
-        return Demand(len(queue), oldest, busy, rows, budget, residual)
+        oldest = min(self.requests[r.rid].registered for r in fresh)
+        return Demand(len(fresh), oldest, busy, rows, budget, residual)
 
     def defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """Skip a request this round, before it consumes anything, when admitting it would cut
@@ -290,7 +308,8 @@ class RadixFlowRuntime:
 
     def _register(self, req: Req) -> None:
         if req.rid not in self.requests:
-            self.requests[req.rid] = RequestStats(req.rid, self.clock())
+            self._seq += 1
+            self.requests[req.rid] = RequestStats(req.rid, self.clock(), seq=self._seq)
 
     def _producer(self, req: Req, movable: bool) -> Producer:
         prefix, end = req.prefix_len, req.extend_end

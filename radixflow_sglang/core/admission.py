@@ -29,6 +29,7 @@ class Demand:
 class Decision:
     hold: bool
     reason: str  # why released (or "hold"): busy | rows | tokens | deadline | none
+    count: int = -1  # how many held requests (queue order) it releases; -1 = all
 
 
 class Gate:

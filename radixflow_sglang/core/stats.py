@@ -19,7 +19,7 @@ class RoundStats:
     forks: int = 0  # producers moved to publish at a fork point
     released_by_bound: int = 0  # parked too long: handed to native handling
     chunked: bool = False
-    held: int = 0  # requests held back by admission this round
+    held: int = 0  # iterations held before this round, plus fresh requests skipped in it
     released_by_admission: str = ""  # why held requests were released ("" = none held)
     frag_deferred: int = 0
     t_start: float = 0.0
@@ -33,6 +33,7 @@ class RoundStats:
 class RequestStats:
     rid: str
     registered: float
+    seq: int = 0  # registration order (identical on every TP rank)
     first_selected: float | None = None
     first_selected_round: int | None = None
     rounds_parked: int = 0
