@@ -206,8 +206,12 @@ def _resolve(path: str | Path | None, names: Sequence[str], what: str) -> Path:
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # NOTE: decode per line so a bad byte names its line
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path} line {lineno}: not UTF-8 ({e.reason})") from None
             if not line.strip():
                 continue
             try:

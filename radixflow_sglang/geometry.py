@@ -55,8 +55,12 @@ def load_geometry(name_or_dir: str | Path) -> Geometry:
         raise ValueError(
             f"unknown model {name_or_dir!r}: no config.json; known: {', '.join(model_names())}"
         )
-    cfg = json.loads(cfg_file.read_text())
-    return geometry_from_config(path.name, cfg)
+    try:
+        return geometry_from_config(path.name, json.loads(cfg_file.read_text()))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_file}: malformed JSON ({e})") from None
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{cfg_file}: missing or invalid model field {e}") from None
 
 
 def geometry_from_config(name: str, cfg: dict) -> Geometry:

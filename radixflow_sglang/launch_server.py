@@ -22,14 +22,14 @@ EXECUTORS = ("model", "simulated")
 logger = logging.getLogger("radixflow")
 
 
-def _positive_int(flag: str):
+def _positive_int(flag: str, low: int = 0):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag}: {text!r} is not an integer") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{flag}: {value} must be >= 0")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{flag}: {value} must be >= {low}")
         return value
 
     return parse
@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--radixflow-trace", default=None, help="per-round JSONL trace path")
     g.add_argument("--radixflow-executor", choices=EXECUTORS, default=None,
                    help="model (GPU) or simulated (CPU cost model); default: model if a GPU")
-    g.add_argument("--radixflow-theta", type=_positive_int("--radixflow-theta"), default=None,
+    g.add_argument("--radixflow-theta", type=_positive_int("--radixflow-theta", 1), default=None,
                    help="minimum ready-prefix gain (tokens) worth a wait; default max(G, 64)")
     g.add_argument("--radixflow-park-margin", type=_positive_int("--radixflow-park-margin"),
                    default=1, help="rounds beyond the publish lag a request may stay parked")

@@ -14,9 +14,9 @@ def register() -> None:
     policy = os.environ.get("RADIXFLOW_POLICY")
     if not policy:
         return
-    from radixflow_sglang.core.policy import policy_spec
+    from radixflow_sglang.adapter.scheduler import config_from_env
 
-    policy_spec(policy)  # NOTE: a bad name fails loudly at start-up, naming the choices
+    config_from_env()  # NOTE: bad values fail loudly at start-up, naming the variable
     from radixflow_sglang.adapter.entry import install
 
     install(policy)

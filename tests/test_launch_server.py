@@ -29,7 +29,7 @@ def test_radixflow_flags_map_to_env_and_pass_sglang_args_through():
     (["--radixflow-admission-ms", "-1"], "--radixflow-admission-ms"),
     (["--radixflow-admission-ms", "soon"], "not a number"),
     (["--radixflow-executor", "gpu"], "choose from 'model', 'simulated'"),
-    (["--radixflow-theta", "-3"], "--radixflow-theta: -3 must be >= 0"),
+    (["--radixflow-theta", "0"], "--radixflow-theta: 0 must be >= 1"),
     (["--radixflow-frag-cap", "x"], "--radixflow-frag-cap: 'x' is not an integer"),
     (["--radixflow-trace", "/no/such/dir/t.jsonl"], "--radixflow-trace: directory"),
     (["--radixflow-polcy", "radix"], "unrecognized radixflow argument"),

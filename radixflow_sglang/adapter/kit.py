@@ -47,6 +47,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 LAYOUTS = ("extra_buffer", "no_buffer")
+CONTEXT_LEN = 32_768  # the pools' max_context_len
 
 
 @dataclass
@@ -103,7 +104,7 @@ def build_pools(cfg: KitConfig, geo: Geometry) -> Pools:
         slots = cfg.mamba_slots or rows * 4 + 64
         r2t = HybridReqToTokenPool(
             size=rows + 2, mamba_size=slots, mamba_spec_state_size=rows + 2,
-            max_context_len=32_768, device="cpu", enable_memory_saver=False,
+            max_context_len=CONTEXT_LEN, device="cpu", enable_memory_saver=False,
             cache_params=params, mamba_layer_ids=list(geo.mamba_layers),
             enable_mamba_extra_buffer=extra, speculative_num_draft_tokens=3,
         )
@@ -114,7 +115,7 @@ def build_pools(cfg: KitConfig, geo: Geometry) -> Pools:
         )
         components = (ComponentType.FULL, ComponentType.MAMBA)
     else:
-        r2t = ReqToTokenPool(size=rows + 2, max_context_len=32_768, device="cpu",
+        r2t = ReqToTokenPool(size=rows + 2, max_context_len=CONTEXT_LEN, device="cpu",
                              enable_memory_saver=False)
         kv = MHATokenToKVPool(size=cfg.kv_tokens, page_size=1, dtype=torch.bfloat16, head_num=1,
                               head_dim=4, layer_num=2, device="cpu", enable_memory_saver=False)
@@ -226,6 +227,9 @@ class Kit:
     sleep: Callable[[float], None] | None = None  # what a holding scheduler waits with
 
     def __post_init__(self) -> None:
+        if self.cfg.layout not in LAYOUTS:
+            raise ValueError(f"KitConfig.layout: {self.cfg.layout!r} (choose from "
+                             f"{', '.join(LAYOUTS)})")
         self.geometry = self.geometry or load_geometry(self.cfg.model)
         self.pools = build_pools(self.cfg, self.geometry)
         cls = scheduler_class(self.policy, self.radixflow_config)
@@ -248,6 +252,14 @@ class Kit:
 
     # --- requests ----------------------------------------------------------------------------
     def req(self, rid: str, ids, namespace: str | None = None, max_new_tokens: int = 1) -> Req:
+        """A Req, after the intake checks SGLang's front end makes before a request can reach
+        the scheduler (tokenizer manager: empty input, input longer than the context)."""
+        if len(ids) == 0:
+            raise ValueError(f"request {rid!r}: input_ids cannot be empty")
+        limit = min(CONTEXT_LEN, self.cfg.kv_tokens) - max_new_tokens
+        if len(ids) > limit:
+            raise ValueError(f"request {rid!r}: {len(ids)} input tokens exceed the limit {limit} "
+                             f"(context {CONTEXT_LEN}, KV pool {self.cfg.kv_tokens} tokens)")
         sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
         sp.normalize(None)
         return Req(rid, "", array("q", ids), sp, vocab_size=self.sched.model_config.vocab_size,
@@ -259,7 +271,9 @@ class Kit:
     def abort_waiting(self, rid: str) -> Req:
         """Abort a waiting (possibly parked) request as the scheduler does for queued aborts."""
         q = self.sched.waiting_queue
-        req = next(r for r in q if r.rid == rid)
+        req = next((r for r in q if r.rid == rid), None)
+        if req is None:
+            raise KeyError(f"abort_waiting: request {rid!r} is not waiting")
         q.remove(req)
         if req.kv.holds_mamba:  # NOTE: as scheduler.py `abort_request` does for queued requests
             release_kv_cache(req, self.pools.cache, checkpoint=False)

@@ -230,9 +230,9 @@ class RadixFlowRuntime:
             for r in fresh:
                 self.requests[r.rid].eligible = True
             return False
-        if len(fresh) < len(queue):
-            # Eligible work waits: the round runs it; fresh requests stay out of the scan
-            # (`park` skips them), so nothing overtakes what became eligible first.
+        if len(fresh) < len(queue) or sched.chunked_req is not None:
+            # Eligible work waits (or a chunk continues): the round runs it; fresh requests
+            # stay out of the scan (`park` skips them), so nothing overtakes them.
             return False
         self.held_iterations += 1
         wait = min(self.gate.wake_in(demand, now), self.gate.deadline_s)
