@@ -8,10 +8,12 @@ stock or ours) replays the same seeded request stream in virtual time:
 
 * Questions of 1-4 branches (a shared document from a sliding window of recent documents +
   a question + a branch suffix, a few hundred tokens) or unrelated one-off requests arrive as a
-  Poisson process; a batch takes `eval/costmodel.py`'s time; an admission hold sleeps in
-  virtual time until its deadline or the next arrival (as eval/twin.py).
-* About 5 % of requests are aborted while still queued (held, parked or just waiting),
-  through `Kit.abort_waiting`, 0-3 scans after they arrive.
+  Poisson process (`--rate` requests/s); a batch takes `eval/costmodel.py`'s time; an
+  admission hold sleeps in virtual time until its deadline or the next arrival (as
+  eval/twin.py).
+* About 5 % of requests (`--abort-frac`) get an abort 0-3 steps after they arrive; it goes
+  through `Kit.abort_waiting` when the request is still queued (held, parked or waiting) and
+  comes too late otherwise (the request then completes).
 * With `--overlap`, requests whose batch is in flight are sometimes retracted as SGLang's
   `release_req` does (KV released without insert, `reset_for_retract`) and re-queued once
   their batch's result is processed.
@@ -139,9 +141,10 @@ class Harness:
         rt = kit.runtime
         self.park_bound = (rt.traversal.cfg.max_park_rounds
                            if rt is not None and rt.traversal is not None else 0)
-        self.longest_wait_rounds = 0  # most consecutive rounds any request stayed parked
-        self.most_parked_rounds = 0  # most rounds one request was parked before selection
+        self.longest_wait_rounds = 0  # most rounds any request was parked (its whole life)
+        self.most_parked_rounds = 0  # most rounds parked before a selection (RequestStats)
         self.stale_cow_sources = 0
+        self.stalled_chunks = 0
         self.scan_cpu_s: list[float] = []
         self.queue_lens: list[int] = []
         self.steps = 0
@@ -230,9 +233,12 @@ class Harness:
 
     def step(self) -> Any:
         self._requeue()
+        chunked = self.kit.sched.chunked_req
         rnd = self.kit.step()
         self.steps += 1
         self._requeue()
+        if chunked is not None and (rnd is None or chunked.rid not in rnd.rids):
+            self.stalled_chunks += 1  # an admitted request's next chunk did not run this step
         self._check_round(rnd)
         order = self.completions.order
         self._ended.update(order[self._seen:])
@@ -306,17 +312,20 @@ class Harness:
         if rt.traversal is not None:
             waits = rt.traversal.waits
             for rid in waits.rids():
-                p = waits.get(rid)
-                self.longest_wait_rounds = max(self.longest_wait_rounds, p.rounds)
                 if rid not in rids:
                     v.add("parked_not_waiting", f"step {self.steps}: {rid} parked, not queued")
-                if p.rounds > self.park_bound:
-                    v.add("park_bound", f"step {self.steps}: {rid} parked {p.rounds} rounds "
+            for rid, n in waits.total_rounds.items():  # every round it ever parked
+                self.longest_wait_rounds = max(self.longest_wait_rounds, n)
+                if n > self.park_bound:
+                    v.add("park_bound", f"step {self.steps}: {rid} parked {n} rounds "
                                         f"> {self.park_bound}")
         for rid in rids:
             rs = rt.requests.get(rid)
             if rs is not None:
                 self.most_parked_rounds = max(self.most_parked_rounds, rs.rounds_parked)
+                if rs.rounds_parked > self.park_bound:
+                    v.add("park_bound", f"step {self.steps}: {rid} rounds_parked "
+                                        f"{rs.rounds_parked} > {self.park_bound}")
 
     def _check_pools(self) -> None:
         kit = self.kit
@@ -386,7 +395,6 @@ def soak_workload(n_requests: int, rate: float, seed: int, abort_frac: float = 0
     out: list[Arrival] = []
     t, made, q = 0.0, 0, 0
     while made < n_requests:
-        t += rng.expovariate(rate)
         if rng.random() < 1 / 8:
             n = 1
             texts = [ids(rng.randint(40, 500))]
@@ -399,6 +407,7 @@ def soak_workload(n_requests: int, rate: float, seed: int, abort_frac: float = 0
             n = min(rng.randint(1, 4), n_requests - made)
             texts = [doc + question + ids(rng.randint(3, 30)) for _ in range(n)]
         n = min(n, n_requests - made)
+        t += rng.expovariate(rate / n)  # NOTE: `rate` counts requests, an arrival brings n
         rids = tuple(f"q{q}/{b}" for b in range(n))
         aborts = tuple(rng.randint(0, 3) if rng.random() < abort_frac else None
                        for _ in range(n))
@@ -417,16 +426,24 @@ class SoakConfig:
     tokens: int = 2048
     kv_tokens: int = 6000
     mamba_slots: int | None = None  # default: tight for the layout (see mamba_slots_for)
-    rate: float = 250.0  # requests/s offered (virtual time)
+    rate: float = 150.0  # requests/s offered (virtual time)
     abort_frac: float = 0.05
     retract_prob: float = 0.05  # per in-flight request and step, with overlap only
     seed: int = 0
 
 
-def mamba_slots_for(layout: str, rows: int) -> int:
-    """A tight mamba pool: the rows' working slots (extra_buffer: + ping-pong buffers)
-    and a little room for the tree's published states."""
-    return (3 if layout == "extra_buffer" else 1) * rows + 8
+def mamba_slots_for(layout: str, rows: int, overlap: bool = False) -> int:
+    """The tightest mamba pool SGLang's slot accounting guarantees in the kit.
+
+    The kit's pools (`HybridReqToTokenPool`, not the unified pool) have no mamba gate in
+    admission: a batch takes per row its own state slot, with extra_buffer two ping-pong
+    track slots, and it locks the cached state it copied from (copy-on-write source), which
+    the tree then cannot evict for the batch's allocation. Rows per round are bounded by
+    `rows`; under overlap the kit keeps the in-flight batch's rows outside the running batch,
+    so two batches hold slots at once. Everything else (published states) is evictable.
+    """
+    per_row = 4 if layout == "extra_buffer" else 2
+    return per_row * rows * (2 if overlap else 1)
 
 
 def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
@@ -444,7 +461,7 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
     try:
         clock = VirtualClock()
         geo_hybrid = load_geometry(cfg.model).hybrid
-        slots = cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows)
+        slots = cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows, cfg.overlap)
         kit = Kit(KitConfig(model=cfg.model, layout=cfg.layout, rows=cfg.rows, tokens=cfg.tokens,
                             kv_tokens=cfg.kv_tokens, mamba_slots=slots if geo_hybrid else None,
                             overlap=cfg.overlap),
@@ -453,8 +470,8 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
         cost = default_cost(cfg.model)
         rng = random.Random(cfg.seed + 1)
         pending = deque(arrivals)
-        abort_at: dict[str, int] = {}  # rid -> scan index to abort at
-        now, idle, ended = 0.0, 0, 0
+        abort_at: dict[str, int] = {}  # rid -> step to abort it at
+        now, idle, ended, attempts = 0.0, 0, 0, 0
         while pending or h.busy:
             while pending and pending[0].t <= now:
                 a = pending.popleft()
@@ -467,7 +484,8 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
                 continue
             for rid in [r for r, s in abort_at.items() if s <= h.steps]:
                 del abort_at[rid]
-                h.abort(rid)  # NOTE: already selected: nothing to abort (counted as completed)
+                attempts += 1
+                h.abort(rid)  # NOTE: already selected: too late, it completes
             if cfg.overlap and cfg.retract_prob > 0:
                 for req in h.retractable():
                     if rng.random() < cfg.retract_prob:
@@ -493,24 +511,26 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
         leaks = h.finish()
     finally:
         torch.set_num_threads(threads)
-    return summarize(policy, h, leaks, kit, cfg, time.perf_counter() - t_wall, now)
+    out = summarize(policy, h, leaks, kit, cfg, time.perf_counter() - t_wall, now)
+    out["abort_attempts"] = attempts
+    return out
 
 
-def _decile_ms(xs: list[float], last: bool) -> float:
+def deciles(xs: Sequence[float]) -> list[float]:
+    """Means of xs in ten consecutive parts of (nearly) equal size."""
     if not xs:
-        return 0.0
-    n = max(1, len(xs) // 10)
-    part = xs[-n:] if last else xs[:n]
-    return 1e3 * sum(part) / len(part)
+        return []
+    n = len(xs)
+    parts = [xs[i * n // 10:(i + 1) * n // 10] for i in range(10)]
+    return [sum(p) / len(p) for p in parts if p]
 
 
 def summarize(policy: str, h: Harness, leaks: dict[str, int], kit: Any, cfg: SoakConfig,
               wall_s: float, virtual_s: float) -> dict[str, Any]:
     rt = kit.runtime
-    first = _decile_ms(h.scan_cpu_s, last=False)
-    last = _decile_ms(h.scan_cpu_s, last=True)
-    q = h.queue_lens
-    n = max(1, len(q) // 10)
+    scan_ms = [1e3 * x for x in deciles(h.scan_cpu_s)] or [0.0]
+    first, last = scan_ms[0], scan_ms[-1]
+    q = deciles(h.queue_lens) or [0.0]
     return {
         "requests": len(h.lengths),
         "completed": sum(1 for c in h.completions.count.values() if c),
@@ -520,17 +540,20 @@ def summarize(policy: str, h: Harness, leaks: dict[str, int], kit: Any, cfg: Soa
         "leaked_mamba_slots": leaks.get("mamba", 0),
         "leaked_rows": leaks.get("rows", 0),
         "stale_cow_sources": h.stale_cow_sources,
+        "stalled_chunk_steps": h.stalled_chunks,
         "longest_wait_rounds": h.longest_wait_rounds,
         "most_parked_rounds_per_request": h.most_parked_rounds,
         "park_bound": h.park_bound,
         "scan_cpu_ms_per_round_first_decile": round(first, 4),
         "scan_cpu_ms_per_round_last_decile": round(last, 4),
         "scan_cost_last_over_first": round(last / first, 3) if first else None,
+        "scan_cpu_ms_per_round_by_decile": [round(x, 4) for x in scan_ms],
         "scans": len(h.scan_cpu_s),
         "rounds": h.rounds,
-        "queue_len_first_decile": round(sum(q[:n]) / n, 2) if q else 0.0,
-        "queue_len_last_decile": round(sum(q[-n:]) / n, 2) if q else 0.0,
-        "queue_len_max": max(q, default=0),
+        "queue_len_first_decile": round(q[0], 2),
+        "queue_len_last_decile": round(q[-1], 2),
+        "queue_len_by_decile": [round(x, 2) for x in q],
+        "queue_len_max": max(h.queue_lens, default=0),
         "scheduled_tokens": h.scheduled_tokens,
         "hit_tokens": h.hit_tokens,
         "blocked": rt.totals.blocked if rt is not None else 0,
@@ -654,9 +677,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"scan ms {res['scan_cpu_ms_per_round_first_decile']:.3f}->"
                   f"{res['scan_cpu_ms_per_round_last_decile']:.3f} "
                   f"violations={res['violations']} ({res['wall_s']:.1f}s)", file=sys.stderr)
+    from radixflow_sglang.geometry import load_geometry
+
+    slots = cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows, cfg.overlap)
     doc = {
         "config": {**cfg.__dict__, "requests": args.requests, "policies": args.policies,
-                   "mamba_slots": cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows)},
+                   "mamba_slots": slots if load_geometry(cfg.model).hybrid else None},
         "policies": results,
         "wall_s": round(time.perf_counter() - t0, 1),
     }

@@ -166,7 +166,8 @@ def visited(req) -> bool:
 
 def test_scan_stops_at_no_token_although_a_later_request_fits(make_kit):
     k = make_kit("qwen3.5-4b", "extra_buffer", "stock", kv_tokens=1000)
-    r1, r2, r3 = (k.req("R1", toks(10_000, 300)), k.req("R2", toks(20_000, 2000)),
+    # R2 alone would fit the pool (it passes intake) but not beside R1: NO_TOKEN
+    r1, r2, r3 = (k.req("R1", toks(10_000, 300)), k.req("R2", toks(20_000, 900)),
                   k.req("R3", toks(30_000, 100)))
     assert len(r1.origin_input_ids) + len(r3.origin_input_ids) < 1000  # R1 + R3 would fit
     k.submit(r1, r2, r3)

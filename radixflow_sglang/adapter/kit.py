@@ -256,7 +256,8 @@ class Kit:
         the scheduler (tokenizer manager: empty input, input longer than the context)."""
         if len(ids) == 0:
             raise ValueError(f"request {rid!r}: input_ids cannot be empty")
-        limit = min(CONTEXT_LEN, self.cfg.kv_tokens) - max_new_tokens
+        # NOTE: SGLang's cap (scheduler `max_req_input_len`): min(context, pool) - 1, less 5.
+        limit = min(CONTEXT_LEN - 1, self.cfg.kv_tokens - 1) - 5
         if len(ids) > limit:
             raise ValueError(f"request {rid!r}: {len(ids)} input tokens exceed the limit {limit} "
                              f"(context {CONTEXT_LEN}, KV pool {self.cfg.kv_tokens} tokens)")
