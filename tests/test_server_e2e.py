@@ -35,6 +35,8 @@ def server(tmp_path_factory):
     log = tmp / "server.log"
     cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
            "--port", str(port), "--enable-metrics", "--disable-overlap-schedule",
+           # NOTE: a 50 ms hold, so concurrent test branches share a round on a busy 2-core box
+           "--radixflow-admission-ms", "50",
            "--radixflow-trace", str(tmp / "trace.jsonl")]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,

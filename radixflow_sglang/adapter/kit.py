@@ -17,29 +17,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-import torch
-
 from radixflow_sglang.geometry import Geometry, load_geometry
 
 from . import check_sglang_version
+from .pools import cpu_pools
 
 check_sglang_version()
 
-from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
 from sglang.srt.environ import envs  # noqa: E402
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch  # noqa: E402
 from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
-    HybridLinearKVPool,
-    HybridReqToTokenPool,
-    MHATokenToKVPool,
-    ReqToTokenPool,
-)
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
@@ -66,7 +58,7 @@ class KitConfig:
 @dataclass
 class Pools:
     req_to_token: ReqToTokenPool
-    allocator: TokenToKVPoolAllocator
+    allocator: object  # TokenToKVPoolAllocator
     cache: UnifiedRadixCache
     server_args: ServerArgs
 
@@ -94,34 +86,16 @@ def build_pools(cfg: KitConfig, geo: Geometry) -> Pools:
     args = build_server_args(cfg, geo)
     rows = cfg.rows or geo.rows
     extra = geo.hybrid and cfg.layout == "extra_buffer"
-    if geo.hybrid:
-        with envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
-            shape = Mamba2StateShape.create(
-                tp_world_size=1, intermediate_size=16, n_groups=1, num_heads=1,
-                head_dim=16, state_size=4, conv_kernel=4,
-            )
-        params = Mamba2CacheParams(shape=shape, layers=list(geo.mamba_layers))
-        slots = cfg.mamba_slots or rows * 4 + 64
-        r2t = HybridReqToTokenPool(
-            size=rows + 2, mamba_size=slots, mamba_spec_state_size=rows + 2,
-            max_context_len=CONTEXT_LEN, device="cpu", enable_memory_saver=False,
-            cache_params=params, mamba_layer_ids=list(geo.mamba_layers),
-            enable_mamba_extra_buffer=extra, speculative_num_draft_tokens=3,
-        )
-        kv = HybridLinearKVPool(
-            size=cfg.kv_tokens, dtype=torch.bfloat16, page_size=1, head_num=1, head_dim=4,
-            full_attention_layer_ids=list(geo.full_layers), device="cpu",
-            enable_memory_saver=False, mamba_pool=r2t.mamba_pool,
-        )
-        components = (ComponentType.FULL, ComponentType.MAMBA)
-    else:
-        r2t = ReqToTokenPool(size=rows + 2, max_context_len=CONTEXT_LEN, device="cpu",
-                             enable_memory_saver=False)
-        kv = MHATokenToKVPool(size=cfg.kv_tokens, page_size=1, dtype=torch.bfloat16, head_num=1,
-                              head_dim=4, layer_num=2, device="cpu", enable_memory_saver=False)
-        components = (ComponentType.FULL,)
-    alloc = TokenToKVPoolAllocator(size=cfg.kv_tokens, dtype=torch.bfloat16, device="cpu",
-                                   kvcache=kv, need_sort=False)
+    # NOTE: a full-attention kit keeps 2 KV layers: layer count changes no scheduling decision.
+    r2t, _kv, alloc = cpu_pools(
+        rows=rows + 2, tokens=cfg.kv_tokens, context=CONTEXT_LEN,
+        num_layers=geo.num_layers if geo.hybrid else 2,
+        mamba_layers=geo.mamba_layers if geo.hybrid else (),
+        mamba_slots=cfg.mamba_slots or rows * 4 + 64, extra_buffer=extra,
+        **({"speculative_num_draft_tokens": 3} if geo.hybrid else {}),
+    )
+    hybrid = (ComponentType.FULL, ComponentType.MAMBA)
+    components = hybrid if geo.hybrid else (ComponentType.FULL,)
     params = CacheInitParams(
         req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=1, disable=False,
         tree_components=components, enable_mamba_extra_buffer=extra,

@@ -28,24 +28,17 @@ import time
 from types import SimpleNamespace
 
 from . import check_sglang_version
+from .pools import cpu_pools
 
 check_sglang_version()
 
 import sglang.srt.managers.scheduler as _sched_mod  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.configs.hybrid_arch import mambaish_config  # noqa: E402
-from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
-from sglang.srt.environ import envs  # noqa: E402
 from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
-    HybridLinearKVPool,
-    HybridReqToTokenPool,
-    MHATokenToKVPool,
-    ReqToTokenPool,
-)
+from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (  # noqa: E402
     NgramEmbeddingManager,
 )
@@ -225,40 +218,21 @@ def build_pools(mr: _SimRunner) -> None:
     ctx = mc.context_len + 8
     n_layers = mc.num_hidden_layers
     ssm = mambaish_config(mc)
-    if ssm is not None:
-        layers = list(ssm.mamba2_cache_params.layers)
-        with envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
-            shape = Mamba2StateShape.create(
-                tp_world_size=1, intermediate_size=16, n_groups=1, num_heads=1,
-                head_dim=16, state_size=4, conv_kernel=4,
-            )
-        mamba = get_exec().mamba
-        r2t = HybridReqToTokenPool(
-            size=rows, mamba_size=sched.max_mamba_cache_size or rows * 4 + 64,
-            mamba_spec_state_size=rows, max_context_len=ctx, device="cpu",
-            enable_memory_saver=False,
-            cache_params=Mamba2CacheParams(shape=shape, layers=layers),
-            mamba_layer_ids=layers,
-            enable_mamba_extra_buffer=mamba.enable_mamba_extra_buffer,
-            enable_mamba_extra_buffer_lazy=mamba.enable_mamba_extra_buffer_lazy,
-            enable_overlap_schedule=not sched.disable_overlap_schedule,
-        )
-        kv = HybridLinearKVPool(
-            size=tokens, dtype=torch.bfloat16, page_size=sched.page_size, head_num=1,
-            head_dim=4, full_attention_layer_ids=[i for i in range(n_layers)
-                                                  if i not in set(layers)],
-            device="cpu", enable_memory_saver=False, mamba_pool=r2t.mamba_pool,
-        )
-    else:
-        r2t = ReqToTokenPool(size=rows, max_context_len=ctx, device="cpu",
-                             enable_memory_saver=False)
-        kv = MHATokenToKVPool(size=tokens, page_size=sched.page_size, dtype=torch.bfloat16,
-                              head_num=1, head_dim=4, layer_num=n_layers, device="cpu",
-                              enable_memory_saver=False)
+    layers = list(ssm.mamba2_cache_params.layers) if ssm is not None else []
+    mamba = get_exec().mamba
+    hybrid_kw = {} if ssm is None else {
+        "enable_mamba_extra_buffer_lazy": mamba.enable_mamba_extra_buffer_lazy,
+        "enable_overlap_schedule": not sched.disable_overlap_schedule,
+    }
+    r2t, kv, alloc = cpu_pools(
+        rows=rows, tokens=tokens, context=ctx, num_layers=n_layers, mamba_layers=layers,
+        mamba_slots=sched.max_mamba_cache_size or rows * 4 + 64,
+        extra_buffer=ssm is not None and mamba.enable_mamba_extra_buffer,
+        page_size=sched.page_size, **hybrid_kw,
+    )
     mr.req_to_token_pool = r2t
     mr.token_to_kv_pool = kv
-    mr.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
-        size=tokens, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
+    mr.token_to_kv_pool_allocator = alloc
     # What TpModelWorker.get_worker_info / alloc_memory_pool read back.
     mr.max_running_requests = rows
     mr.logical_max_total_num_tokens = mr.effective_logical_max_total_num_tokens = tokens
