@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
 
+from eval import cli  # noqa: E402
 from radixflow_sglang.core.policy import POLICIES  # noqa: E402
 
 WORKLOAD_CHOICES = ("race", "quality", "mix", "synthetic")
@@ -28,19 +29,6 @@ MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nem
 REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
 ORDER_CHOICES = ("forward", "reverse", "both")
 LAYOUT_CHOICES = ("extra_buffer", "no_buffer")
-
-
-def _policies(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("give at least one policy")
-    bad = [p for p in names if p not in POLICIES]
-    if bad:
-        raise argparse.ArgumentTypeError(
-            f"invalid choice: {', '.join(map(repr, bad))} (choose from {', '.join(POLICIES)})")
-    if len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"a policy is listed twice: {text!r}")
-    return names
 
 
 def _positive_float(text: str) -> float:
@@ -70,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mix")
     p.add_argument("--model", choices=MODEL_CHOICES, default="qwen3.5-4b")
-    p.add_argument("--policies", type=_policies, default=["stock", "radix", "traversal"],
+    p.add_argument("--policies", type=cli.policies, default=["stock", "radix", "traversal"],
                    help=f"comma-separated, from: {', '.join(POLICIES)} (default: "
                         "stock,radix,traversal)")
     p.add_argument("--regime", choices=REGIME_CHOICES, default="all")

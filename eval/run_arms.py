@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
 
+from eval import cli  # noqa: E402
 from radixflow_sglang.core.policy import POLICIES  # noqa: E402
 
 EMBEDDED_MODEL_DIR = ROOT / "launch" / "models" / "qwen3.5-0.8b"
@@ -74,48 +75,24 @@ IDLE_CHECK_S = 2.0
 # --------------------------------------------------------------------------------------------
 
 
-def _policies(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in POLICIES]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(
-            f"invalid policies {text!r} (choose from {', '.join(POLICIES)})")
-    if len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"a policy is listed twice: {text!r}")
-    return names
-
-
-def _positive(kind: type):
-    def parse(text: str):
-        try:
-            x = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
-        if not x > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-        return x
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eval/run_arms.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, default=EMBEDDED_MODEL_DIR)
-    p.add_argument("--policies", type=_policies, default=list(POLICIES),
+    p.add_argument("--policies", type=cli.policies, default=list(POLICIES),
                    help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)")
     p.add_argument("--fork-arm", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the SGLang frontend fork program against a radixflow server")
     p.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mix")
     p.add_argument("--regime", choices=REGIME_CHOICES, default="all")
     p.add_argument("--order", choices=ORDER_CHOICES, default="both")
-    p.add_argument("--questions", type=_positive(int), default=16, help="per segment")
-    p.add_argument("--rate", type=_positive(float), default=5.0, help="questions/s (Poisson)")
+    p.add_argument("--questions", type=cli.positive(int), default=16, help="per segment")
+    p.add_argument("--rate", type=cli.positive(float), default=5.0, help="questions/s (Poisson)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--port-base", type=int, default=None,
                    help="arm i listens on PORT_BASE + i (default: a free port per arm)")
-    p.add_argument("--pool", type=_positive(int), default=64,
+    p.add_argument("--pool", type=cli.positive(int), default=64,
                    help="most questions in flight (the client's submission pool)")
     p.add_argument("--stock-cmd", choices=("sglang", "radixflow"), default=None,
                    help="stock arm launcher (default: sglang with a GPU, radixflow without)")
@@ -123,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overlap scheduling (default off: --disable-overlap-schedule, as the "
                         "twin's default)")
     p.add_argument("--server-args", default="", help="extra SGLang args for every arm")
-    p.add_argument("--start-timeout", type=_positive(float), default=600.0)
+    p.add_argument("--start-timeout", type=cli.positive(float), default=600.0)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--no-progress", action="store_true")
     return p

@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
 
+from eval import cli  # noqa: E402
 from radixflow_sglang.core.policy import POLICIES  # noqa: E402
 
 MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b",
@@ -578,32 +579,6 @@ def summarize(policy: str, h: Harness, leaks: dict[str, int], kit: Any, cfg: Soa
 # --------------------------------------------------------------------------------------------
 
 
-def _policies(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("give at least one policy")
-    bad = [p for p in names if p not in POLICIES]
-    if bad:
-        raise argparse.ArgumentTypeError(
-            f"invalid choice: {', '.join(map(repr, bad))} (choose from {', '.join(POLICIES)})")
-    if len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"a policy is listed twice: {text!r}")
-    return names
-
-
-def _positive(kind: type, what: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            x = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if not x > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-        return x
-
-    return parse
-
-
 def _fraction(text: str) -> float:
     try:
         x = float(text)
@@ -617,9 +592,9 @@ def _fraction(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eval/soak.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=_positive(int, "an integer"), default=10_000)
+    p.add_argument("--requests", type=cli.positive(int, "an integer"), default=10_000)
     p.add_argument("--out", required=True, help="output directory (writes DIR/soak.json)")
-    p.add_argument("--policies", type=_policies, default=list(POLICIES),
+    p.add_argument("--policies", type=cli.policies, default=list(POLICIES),
                    help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)")
     p.add_argument("--model", choices=MODEL_CHOICES, default="qwen3.5-4b")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, default="extra_buffer",
@@ -627,13 +602,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", action="store_true",
                    help="overlap scheduling (publish lag 2), with retractions of in-flight rows")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rate", type=_positive(float, "a number"), default=SoakConfig.rate,
+    p.add_argument("--rate", type=cli.positive(float, "a number"), default=SoakConfig.rate,
                    help="offered requests/s in virtual time (default %(default)s)")
     p.add_argument("--abort-frac", type=_fraction, default=SoakConfig.abort_frac)
-    p.add_argument("--kv-tokens", type=_positive(int, "an integer"), default=SoakConfig.kv_tokens)
-    p.add_argument("--mamba-slots", type=_positive(int, "an integer"), default=None)
-    p.add_argument("--rows", type=_positive(int, "an integer"), default=SoakConfig.rows)
-    p.add_argument("--tokens", type=_positive(int, "an integer"), default=SoakConfig.tokens)
+    p.add_argument("--kv-tokens", type=cli.positive(int, "an integer"),
+                   default=SoakConfig.kv_tokens)
+    p.add_argument("--mamba-slots", type=cli.positive(int, "an integer"), default=None)
+    p.add_argument("--rows", type=cli.positive(int, "an integer"), default=SoakConfig.rows)
+    p.add_argument("--tokens", type=cli.positive(int, "an integer"), default=SoakConfig.tokens)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 

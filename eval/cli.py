@@ -1,0 +1,38 @@
+"""Argument types shared by the eval scripts: argparse turns their errors into messages that
+name the flag and the allowed values."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from radixflow_sglang.core.policy import POLICIES
+
+
+def policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one policy")
+    bad = [p for p in names if p not in POLICIES]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {', '.join(map(repr, bad))} (choose from {', '.join(POLICIES)})")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a policy is listed twice: {text!r}")
+    return names
+
+
+def positive(kind: type, what: str | None = None) -> Callable[[str], Any]:
+    what = what or f"a {kind.__name__}"
+
+    def parse(text: str) -> Any:
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not x > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return x
+
+    return parse
