@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -20,6 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_simulated_server import _free_port, _request  # noqa: E402
+
+from eval.run_arms import Server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -38,34 +39,9 @@ def server(tmp_path_factory):
            # NOTE: a 50 ms hold, so concurrent test branches share a round on a busy 2-core box
            "--radixflow-admission-ms", "50",
            "--radixflow-trace", str(tmp / "trace.jsonl")]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited rc={proc.returncode}:\n{log.read_text()[-4000:]}")
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            try:
-                if _request(base + "/health", timeout=2)[0] == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1)
-        yield base, proc, log, tmp / "trace.jsonl"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    with Server(cmd, env, log, port) as srv:  # NOTE: eval/run_arms.py's server handling
+        srv.wait_ready(300)
+        yield srv.base, srv.proc, log, tmp / "trace.jsonl"
 
 
 def _generate(base, ids, rid=None):

@@ -10,13 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from eval.run_arms import Server
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "launch" / "models" / "qwen3.5-0.8b"
@@ -56,37 +57,9 @@ def server(request, tmp_path):
         "--max-prefill-tokens", "8192",
         "--sleep-on-idle",  # SGLang's own: an idle scheduler polls its sockets, not a busy loop
     ]
-    with open(log, "w") as out:
-        # NOTE: own session, so teardown can signal the server and its spawned children together.
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited rc={proc.returncode}:\n{log.read_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy in {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
-            try:
-                if _request(base + "/health", timeout=2)[0] == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1)
-        yield base, proc, log, request.param
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        try:  # spawned children share the session; none may outlive the test
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    with Server(cmd, env, log, port) as srv:  # NOTE: eval/run_arms.py's server handling
+        srv.wait_ready(START_TIMEOUT_S)
+        yield srv.base, srv.proc, log, request.param
 
 
 @pytest.mark.slow  # ~50-65 s per policy on 2 cores, almost all of it SGLang's process start-up
