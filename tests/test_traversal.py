@@ -531,3 +531,18 @@ def test_counters_agree_with_the_rounds(make_kit, model, layout):
     assert tot.parked_max_rounds == parked_max
     assert tot.released_by_bound == 0
     assert k.runtime.summary()["blocked"] == blocked
+
+
+def test_pruning_drops_the_wait_history_of_selected_requests(make_kit):
+    # NOTE: in a server nothing reports completion to the runtime; selected requests' wait
+    # records must still be dropped, or they grow with every request ever parked.
+    k = kit(make_kit, "qwen3.5-4b", "extra_buffer", "traversal")
+    k.submit(k.req("P", DOC + toks(5000, 100)), k.req("A", DOC + toks(6000, 120)))
+    assert k.step().rids == ["P"]
+    assert [r.rid for r in k.scan().reqs] == ["A"]  # selected, not completed
+    rt = k.runtime
+    assert rt.traversal.waits.total_rounds == {"A": 1} and rt._records() == 1
+    k.submit(k.req("Q", toks(70_000, 200)))
+    rt._prune(k.sched)
+    assert rt.traversal.waits.total_rounds == {} and rt._records() == 0
+    assert [r.rid for r in k.sched.waiting_queue] == ["Q"]  # the queue itself is untouched

@@ -98,7 +98,7 @@ class RadixFlowRuntime:
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
         self.round += 1
         self._scan_reqs = {}
-        if len(self.requests) > 2 * len(sched.waiting_queue) + 1024:
+        if self._records() > 2 * len(sched.waiting_queue) + 1024:
             self._prune(sched)
         if self.traversal is None:
             self.stats = RoundStats(self.round, t_start=self.clock())
@@ -301,9 +301,16 @@ class RadixFlowRuntime:
         if self.traversal is not None:
             self.traversal.forget(rid)
 
+    def _records(self) -> int:
+        waits = self.traversal.waits.total_rounds if self.traversal is not None else ()
+        return len(self.requests) + len(waits)
+
     def _prune(self, sched: Scheduler) -> None:
+        """Drop the records of requests that left the queue without the runtime seeing them go
+        (aborts, and the wait history of selected requests: a server has no completion hook)."""
         live = {r.rid for r in sched.waiting_queue}
-        for rid in [rid for rid in self.requests if rid not in live]:
+        waits = self.traversal.waits.total_rounds if self.traversal is not None else {}
+        for rid in [rid for rid in (*self.requests, *waits) if rid not in live]:
             self.forget(rid)
 
     def _register(self, req: Req) -> None:
