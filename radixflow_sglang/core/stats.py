@@ -38,7 +38,6 @@ class RequestStats:
     first_selected_round: int | None = None
     rounds_parked: int = 0
     eligible: bool = False  # released by admission (or never held)
-    completed: float | None = None
 
 
 @dataclass
