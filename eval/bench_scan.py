@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from radixflow_sglang.adapter.kit import Kit, KitConfig  # noqa: E402
+from radixflow_sglang.testing.kit import Kit, KitConfig  # noqa: E402
 
 
 def queue(kit: Kit, n: int, shared: bool, seed: int) -> list:

@@ -35,13 +35,9 @@ import json
 import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +49,12 @@ if str(ROOT) not in sys.path:
 
 from eval import cli  # noqa: E402
 from radixflow_sglang.core.policy import POLICIES  # noqa: E402
+from radixflow_sglang.testing.server import (  # noqa: E402
+    Server,
+    ServerError,
+    free_port,
+    http_json,
+)
 
 EMBEDDED_MODEL_DIR = ROOT / "launch" / "models" / "qwen3.5-0.8b"
 WORKLOAD_CHOICES = ("race", "quality", "mix", "synthetic")
@@ -65,9 +67,6 @@ BASELINE = "stock"
 BUDGET_ARGS = ("--context-length", "32768", "--max-running-requests", "16",
                "--chunked-prefill-size", "8192", "--max-prefill-tokens", "8192")
 SIM_DEFAULTS = {"alpha": 0.005, "beta": 2e-6, "gamma": 1e-4}  # adapter/simulated.py CostModel
-READY_LINE = "ready to roll"  # SGLang logs it after its warm-up request
-LEAK_MARKERS = ("memory leak detected", "Mem Leak Detected", "use-after-free", "double free")
-IDLE_CHECK_S = 2.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,103 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------------
 # Servers
 # --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def http_json(url: str, timeout: float = 10.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read() or b"null")
-
-
-class ServerError(RuntimeError):
-    pass
-
-
-class Server:
-    """A server process in its own session; stopped with SIGTERM to its process group."""
-
-    def __init__(self, cmd: list[str], env: Mapping[str, str], log: Path, port: int) -> None:
-        self.cmd, self.env, self.log, self.port = cmd, dict(env), log, port
-        self.base = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> Server:
-        if port_in_use(self.port):
-            raise ServerError(f"port {self.port} is already in use")
-        with open(self.log, "w") as out:
-            out.write("$ " + shlex.join(self.cmd) + "\n")
-            out.flush()
-            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def tail(self, n: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
-
-    def check_alive(self, what: str) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise ServerError(f"server exited rc={self.proc.returncode} {what}; log tail:\n"
-                              + self.tail())
-
-    def wait_ready(self, timeout: float) -> None:
-        """/health answers 200 and SGLang's warm-up request is done (its ready line)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_alive("during start-up")
-            if time.monotonic() > deadline:
-                raise ServerError(f"server not ready after {timeout:.0f} s; log tail:\n"
-                                  + self.tail())
-            if READY_LINE in self.tail(20_000) and self._healthy():
-                return
-            time.sleep(1.0)
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def idle_leak_check(self) -> dict[str, int | None]:
-        """SGLang's strict idle invariant check (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1)
-        raises in the scheduler on any leaked KV / mamba / request slot: after an idle pause a
-        live server without a leak message has leaked nothing."""
-        time.sleep(IDLE_CHECK_S)
-        self.check_alive("during the idle memory check")
-        text = self.log.read_text(errors="replace")
-        hits = [m for m in LEAK_MARKERS if m in text]
-        if hits:
-            raise ServerError(f"SGLang's idle memory check reported {hits}; log tail:\n"
-                              + self.tail())
-        return {"kv": 0, "mamba": 0}
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(timeout=30)
-            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the group
-        except ProcessLookupError:
-            pass
 
 
 def budgets(info: Mapping[str, Any]) -> dict[str, int | None]:
@@ -332,7 +234,7 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
     arm = LiveArm(spec.name, command=shlex.join(cmd))
     t0 = time.perf_counter()
     try:
-        with Server(cmd, server_env(), arm_dir / "server.log", port) as srv:
+        with Server(cmd, server_env(), arm_dir / "server.log", port, cwd=ROOT) as srv:
             srv.wait_ready(cfg.start_timeout)
             info = http_json(srv.base + "/server_info")
             (arm_dir / "server_info.json").write_text(json.dumps(info, indent=1, default=str))

@@ -40,9 +40,9 @@ import math
 import random
 import sys
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:
 
 from eval import cli  # noqa: E402
 from radixflow_sglang.core.policy import POLICIES  # noqa: E402
+from radixflow_sglang.testing.harness import Harness, VirtualClock, mamba_slots_for  # noqa: E402
 
 MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b",
                  "qwen3-8b")
@@ -62,309 +63,6 @@ SOAK_KEYS = (
     "stale_cow_sources", "longest_wait_rounds", "scan_cpu_ms_per_round_first_decile",
     "scan_cpu_ms_per_round_last_decile",
 )
-
-
-# --------------------------------------------------------------------------------------------
-# Harness: a Kit plus the bookkeeping and invariants, one step at a time
-# --------------------------------------------------------------------------------------------
-
-
-class VirtualClock:
-    """The runtime's clock and sleep. A hold sleeps until its deadline or the next arrival."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.next_arrival = math.inf
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now = min(self.now + max(0.0, seconds), max(self.now, self.next_arrival))
-
-
-class CompletionLog(dict):
-    """Stands in for `Kit.finished`: counts completions per request, keeps no Req."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count: Counter[str] = Counter()
-        self.order: list[str] = []
-
-    def __setitem__(self, rid: str, req: Any) -> None:
-        self.count[rid] += 1
-        self.order.append(rid)
-        super().__setitem__(rid, None)
-
-
-@dataclass
-class Violations:
-    """Invariant breaks: a count per kind and the first few messages."""
-
-    count: Counter[str] = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)
-    keep: int = 20
-
-    def add(self, kind: str, message: str) -> None:
-        self.count[kind] += 1
-        if len(self.examples) < self.keep:
-            self.examples.append(f"{kind}: {message}")
-
-    def __bool__(self) -> bool:
-        return bool(self.count)
-
-    def total(self) -> int:
-        return sum(self.count.values())
-
-
-class Harness:
-    """Drives one Kit step by step and checks its invariants after every step.
-
-    `retract` mirrors SGLang's `release_req` for a request whose batch is in flight (overlap):
-    the KV is released without insert, the request reset, and it is re-queued once its batch's
-    result has been processed (as the scheduler re-queues retracted requests before the next
-    scan). `abort` is `Kit.abort_waiting` (a queued request, held or parked included).
-    """
-
-    def __init__(self, kit: Any, clock: VirtualClock | None = None,
-                 record_shapes: bool = False) -> None:
-        self.kit = kit
-        self.clock = clock
-        self.completions = CompletionLog()
-        kit.finished = self.completions
-        self.lengths: dict[str, int] = {}
-        self.aborted: Counter[str] = Counter()
-        self.retracted: list[tuple[Any, Any]] = []  # (req, its in-flight batch)
-        self.retractions = 0
-        self.violations = Violations()
-        self.rows = kit.cfg.rows or kit.geometry.rows
-        self.tokens = kit.cfg.tokens or kit.geometry.tokens
-        rt = kit.runtime
-        self.park_bound = (rt.traversal.cfg.max_park_rounds
-                           if rt is not None and rt.traversal is not None else 0)
-        self.longest_wait_rounds = 0  # most rounds any request was parked (its whole life)
-        self.most_parked_rounds = 0  # most rounds parked before a selection (RequestStats)
-        self.stale_cow_sources = 0
-        self.stalled_chunks = 0
-        self.scan_cpu_s: list[float] = []
-        self.queue_lens: list[int] = []
-        self.steps = 0
-        self.rounds = 0
-        self.scheduled_tokens = 0
-        self.hit_tokens = 0
-        self.peak_kv_used = 0
-        self.peak_mamba_used = 0
-        self.shapes: list[tuple] | None = [] if record_shapes else None
-        self._end: dict[str, int] = {}  # rid -> prefix + extend after its last round
-        self._ended: set[str] = set()  # completed or aborted before the current step
-        self._seen = 0  # completions already moved into _ended
-        self._kv_total = kit.pools.allocator.available_size()
-        self._mamba_total = kit._mamba_free()
-        self._scan = kit.scan
-        kit.scan = self._timed_scan  # NOTE: Kit.step calls self.scan(): time only the scan
-
-    # --- requests ------------------------------------------------------------------------------
-    def submit(self, rid: str, ids: Sequence[int], namespace: str | None = None) -> Any:
-        if rid in self.lengths:
-            raise ValueError(f"duplicate request id {rid!r}")
-        req = self.kit.req(rid, ids, namespace)
-        self.lengths[rid] = len(ids)
-        self.kit.submit(req)
-        return req
-
-    def waiting_rids(self) -> list[str]:
-        return [r.rid for r in self.kit.sched.waiting_queue]
-
-    def abort(self, rid: str) -> bool:
-        """Abort a queued request; False (nothing done) when it is not queued any more."""
-        if rid not in self.waiting_rids():
-            return False
-        self.kit.abort_waiting(rid)
-        self.aborted[rid] += 1
-        self._ended.add(rid)
-        return True
-
-    def retractable(self) -> list[Any]:
-        """Requests of in-flight batches that SGLang could retract: not a continuing chunk
-        (chunked requests are never in the running batch), not finished, not retracted."""
-        sched = self.kit.sched
-        out = []
-        for batch, _ in sched.result_queue:
-            for r in batch.reqs:
-                if r is sched.chunked_req or r.finished() or r.is_retracted:
-                    continue
-                if r.inflight_middle_chunks > 0:
-                    continue
-                out.append(r)
-        return out
-
-    def retract(self, req: Any) -> None:
-        from sglang.srt.mem_cache.common import release_kv_cache
-
-        batch = next(b for b, _ in self.kit.sched.result_queue if req in b.reqs)
-        release_kv_cache(req, self.kit.pools.cache, checkpoint=False)  # as release_req
-        req.reset_for_retract()
-        self.retracted.append((req, batch))
-        self._end.pop(req.rid, None)  # it restarts from whatever the cache then holds
-        self.retractions += 1
-
-    def _requeue(self) -> None:
-        inflight = [b for b, _ in self.kit.sched.result_queue]
-        keep = []
-        for req, batch in self.retracted:
-            if any(b is batch for b in inflight):
-                keep.append((req, batch))
-            else:
-                self.kit.submit(req)
-        self.retracted = keep
-
-    # --- rounds -------------------------------------------------------------------------------
-    @property
-    def busy(self) -> bool:
-        s = self.kit.sched
-        return bool(s.waiting_queue or s.chunked_req is not None or s.result_queue
-                    or self.retracted)
-
-    def _timed_scan(self) -> Any:
-        self.queue_lens.append(len(self.kit.sched.waiting_queue))
-        t = time.process_time()
-        batch = self._scan()
-        self.scan_cpu_s.append(time.process_time() - t)
-        return batch
-
-    def step(self) -> Any:
-        self._requeue()
-        chunked = self.kit.sched.chunked_req
-        rnd = self.kit.step()
-        self.steps += 1
-        self._requeue()
-        if chunked is not None and (rnd is None or chunked.rid not in rnd.rids):
-            self.stalled_chunks += 1  # an admitted request's next chunk did not run this step
-        self._check_round(rnd)
-        order = self.completions.order
-        self._ended.update(order[self._seen:])
-        self._seen = len(order)
-        self._check_waiting()
-        self._check_pools()
-        return rnd
-
-    def drain(self, max_steps: int = 100_000, tick: float = 1e-3) -> None:
-        for _ in range(max_steps):
-            if not self.busy:
-                return
-            if self.clock is not None:
-                self.clock.next_arrival = math.inf
-                self.clock.now += tick
-            self.step()
-        raise RuntimeError(f"not drained after {max_steps} steps: "
-                           f"{len(self.kit.sched.waiting_queue)} waiting")
-
-    # --- invariants ----------------------------------------------------------------------------
-    def _check_round(self, rnd: Any) -> None:
-        if rnd is None:
-            return
-        v = self.violations
-        self.rounds += 1
-        self.scheduled_tokens += rnd.scheduled_tokens
-        self.hit_tokens += sum(rnd.prefix.values())
-        if self.shapes is not None:
-            self.shapes.append((rnd.rids, rnd.extend, rnd.prefix, rnd.track, rnd.chunked))
-        if len(rnd.rids) > self.rows:
-            v.add("row_budget", f"round {rnd.index}: {len(rnd.rids)} rows > {self.rows}")
-        if rnd.scheduled_tokens > self.tokens:
-            v.add("token_budget",
-                  f"round {rnd.index}: {rnd.scheduled_tokens} tokens > {self.tokens}")
-        if len(set(rnd.rids)) != len(rnd.rids):
-            v.add("duplicate_row", f"round {rnd.index}: {rnd.rids}")
-        for rid in rnd.rids:
-            if rid not in self.lengths:
-                v.add("unknown_request", f"round {rnd.index} selects {rid!r}")
-                continue
-            if rid in self._ended:
-                v.add("selected_after_end", f"round {rnd.index} selects ended {rid!r}")
-            prefix, extend = rnd.prefix[rid], rnd.extend[rid]
-            if extend <= 0:
-                v.add("empty_extend", f"round {rnd.index}: {rid} extends {extend}")
-            if rid in self._end and prefix != self._end[rid]:
-                v.add("chunk_chain",
-                      f"round {rnd.index}: {rid} resumes at {prefix}, not {self._end[rid]}")
-            self._end[rid] = prefix + extend
-
-    def _check_waiting(self) -> None:
-        v = self.violations
-        kit = self.kit
-        waiting = kit.sched.waiting_queue
-        rids = {r.rid for r in waiting}
-        for r in waiting:
-            if r.kv.mamba_cow_src_index is not None:
-                self.stale_cow_sources += 1
-                v.add("stale_cow_source", f"step {self.steps}: waiting {r.rid} keeps a COW source")
-            if r.kv.mamba_needs_clear:
-                v.add("stale_mamba_clear", f"step {self.steps}: waiting {r.rid}")
-            if r.kv.holds_mamba:
-                v.add("waiting_holds_mamba", f"step {self.steps}: waiting {r.rid}")
-            if r.kv.holds_kv:
-                v.add("waiting_holds_kv", f"step {self.steps}: waiting {r.rid}")
-            if r.lock is not None:
-                v.add("waiting_holds_lock", f"step {self.steps}: waiting {r.rid}")
-        rt = kit.runtime
-        if rt is None:
-            return
-        if rt.traversal is not None:
-            waits = rt.traversal.waits
-            for rid in waits.rids():
-                if rid not in rids:
-                    v.add("parked_not_waiting", f"step {self.steps}: {rid} parked, not queued")
-            for rid, n in waits.total_rounds.items():  # every round it ever parked
-                self.longest_wait_rounds = max(self.longest_wait_rounds, n)
-                if n > self.park_bound:
-                    v.add("park_bound", f"step {self.steps}: {rid} parked {n} rounds "
-                                        f"> {self.park_bound}")
-        for rid in rids:
-            rs = rt.requests.get(rid)
-            if rs is not None:
-                self.most_parked_rounds = max(self.most_parked_rounds, rs.rounds_parked)
-                if rs.rounds_parked > self.park_bound:
-                    v.add("park_bound", f"step {self.steps}: {rid} rounds_parked "
-                                        f"{rs.rounds_parked} > {self.park_bound}")
-
-    def _check_pools(self) -> None:
-        kit = self.kit
-        self.peak_kv_used = max(self.peak_kv_used,
-                                self._kv_total - kit.pools.allocator.available_size())
-        if self._mamba_total is not None:
-            self.peak_mamba_used = max(self.peak_mamba_used,
-                                       self._mamba_total - kit._mamba_free())
-
-    def finish(self) -> dict[str, int]:
-        """After the drain: end-of-run invariants; returns the kit's leak counts."""
-        v = self.violations
-        if self.busy:
-            v.add("not_drained", f"{len(self.kit.sched.waiting_queue)} waiting")
-        for rid, n in self.lengths.items():
-            done, ab = self.completions.count[rid], self.aborted[rid]
-            if done + ab != 1:
-                v.add("ended_once", f"{rid}: completed {done}x, aborted {ab}x")
-            elif done and self._end.get(rid) != n:
-                v.add("coverage", f"{rid}: computed to {self._end.get(rid)} of {n} tokens")
-        for rid in set(self.completions.count) - set(self.lengths):
-            v.add("unknown_completion", rid)
-        rt = self.kit.runtime
-        if rt is not None:
-            if rt.requests:
-                v.add("stale_records", f"runtime.requests keeps {sorted(rt.requests)[:5]}")
-            if rt.frag_deferred:
-                v.add("stale_records", f"frag_deferred keeps {sorted(rt.frag_deferred)[:5]}")
-            if rt.traversal is not None:
-                w = rt.traversal.waits
-                if len(w) or w.total_rounds:
-                    v.add("stale_records", f"wait set keeps {w.rids()[:5]} / "
-                                           f"{sorted(w.total_rounds)[:5]}")
-        leaks = self.kit.leaks()
-        for kind, n in leaks.items():
-            if n:
-                v.add(f"leaked_{kind}", f"{n} slots")
-        return leaks
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,19 +131,6 @@ class SoakConfig:
     seed: int = 0
 
 
-def mamba_slots_for(layout: str, rows: int, overlap: bool = False) -> int:
-    """The tightest mamba pool SGLang's slot accounting guarantees in the kit.
-
-    The kit's pools (`HybridReqToTokenPool`, not the unified pool) have no mamba gate in
-    admission: a batch takes per row its own state slot, with extra_buffer two ping-pong
-    track slots, and it locks the cached state it copied from (copy-on-write source), which
-    the tree then cannot evict for the batch's allocation. Rows per round are bounded by
-    `rows`; under overlap the kit keeps the in-flight batch's rows outside the running batch,
-    so two batches hold slots at once. Everything else (published states) is evictable.
-    """
-    per_row = 4 if layout == "extra_buffer" else 2
-    return per_row * rows * (2 if overlap else 1)
-
 
 def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -453,8 +138,8 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
     import torch
 
     from eval.costmodel import default_cost
-    from radixflow_sglang.adapter.kit import Kit, KitConfig
     from radixflow_sglang.geometry import load_geometry
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # NOTE: tiny CPU tensors; intra-op threads only add noise

@@ -1,6 +1,6 @@
 """Scheduler twin: the paper's workload through SGLang's real scheduling code, in virtual time.
 
-The scheduler is the real one (`radixflow_sglang.adapter.kit.Kit`: SGLang 0.5.23's pools,
+The scheduler is the real one (`radixflow_sglang.testing.kit.Kit`: SGLang 0.5.23's pools,
 UnifiedRadixCache, Req and prefill scan, stock or ours); only the GPU is simulated. A batch
 takes `cost(batch)` seconds of virtual time (`eval/costmodel.py`), nothing else takes time.
 
@@ -290,7 +290,7 @@ def replay(
 
 def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
             kit_overrides, radixflow_config) -> ArmResult:
-    from radixflow_sglang.adapter.kit import Kit, KitConfig
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
     t_wall = time.perf_counter()
     segments = as_segments(questions_or_segments)

@@ -14,7 +14,7 @@ warnings.filterwarnings("ignore", category=UserWarning)
 @pytest.fixture
 def make_kit():
     """Kit factory on SGLang's real classes: make_kit(model, layout, policy, **KitConfig)."""
-    from radixflow_sglang.adapter.kit import Kit, KitConfig
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
     def build(model="qwen3.5-4b", layout="extra_buffer", policy="stock", radixflow_config=None,
               clock=None, **cfg):

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from eval import workload as wl
-from eval.soak import VirtualClock
 from radixflow_sglang.core.policy import POLICIES, policy_spec
 from radixflow_sglang.geometry import load_geometry, model_names
+from radixflow_sglang.testing.harness import VirtualClock
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_LEAK = {"kv": 0, "rows": 0, "mamba": 0}
@@ -46,7 +46,7 @@ def write_lines(path: Path, lines: list) -> Path:
 
 
 def kit(policy: str = "stock", model: str = "qwen3.5-4b", **cfg: Any) -> Any:
-    from radixflow_sglang.adapter.kit import Kit, KitConfig
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
     clock = VirtualClock()
     return Kit(KitConfig(model=model, **cfg), policy=policy, clock=clock, sleep=clock.sleep)

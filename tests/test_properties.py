@@ -5,7 +5,7 @@ For each policy and each of (qwen3.5-4b extra_buffer), (qwen3.5-4b no_buffer),
 1-4 branches (shared prefixes of random length, suffixes of random length, duplicates
 included), unrelated requests, an arrival order over steps, aborts of waiting and of parked
 requests, retractions of in-flight requests (overlap) and pools just large enough not to
-deadlock, so published states are evicted. `eval.soak.Harness` checks after every step:
+deadlock, so published states are evicted. `testing.harness.Harness` checks after every step:
 
 * no waiting request holds a KV row, a mamba slot, a copy-on-write source or a tree lock;
 * parked requests are queued, and no request parks more rounds over its whole life than the
@@ -35,9 +35,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eval.soak import Harness, VirtualClock, mamba_slots_for
 from radixflow_sglang.core.policy import POLICIES
 from radixflow_sglang.geometry import load_geometry
+from radixflow_sglang.testing.harness import Harness, VirtualClock, mamba_slots_for
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None, database=None, derandomize=True,
@@ -126,8 +126,8 @@ def plans(draw: st.DrawFn, layout: str, grid: int) -> Plan:
 
 def build(model: str, layout: str, policy: str, plan: Plan,
           record_shapes: bool = False) -> Harness:
-    from radixflow_sglang.adapter.kit import Kit, KitConfig
     from radixflow_sglang.adapter.runtime import RadixFlowConfig
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
     longest = max(len(ids) for _, ids, _ in plan.requests)
     kv = longest + KV_SLACK + plan.kv_extra
@@ -214,7 +214,7 @@ def test_random_workloads_keep_every_invariant(model: str, layout: str, policy: 
 def chunk_then_arrival(policy: str) -> list[tuple[float, str | None, list[str] | None]]:
     """A (2,000 tokens) is admitted and cut into 512-token chunks; B arrives while A is cut.
     Returns (virtual ms, chunked request before the step, the step's rows) per step."""
-    from radixflow_sglang.adapter.kit import Kit, KitConfig
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
     clock = VirtualClock()
     k = Kit(KitConfig(model="qwen3.5-4b", tokens=512), policy=policy, clock=clock,

@@ -17,10 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_simulated_server import _free_port, _request  # noqa: E402
 
-from eval.run_arms import Server  # noqa: E402
+from radixflow_sglang.testing.server import Server, free_port, request_json  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +26,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1",  # SGLang's own leak check raises
                RADIXFLOW_SIM_BETA="2e-4")  # 2,000 tokens take 0.4 s: long enough to abort
@@ -39,7 +37,7 @@ def server(tmp_path_factory):
            # NOTE: a 50 ms hold, so concurrent test branches share a round on a busy 2-core box
            "--radixflow-admission-ms", "50",
            "--radixflow-trace", str(tmp / "trace.jsonl")]
-    with Server(cmd, env, log, port) as srv:  # NOTE: eval/run_arms.py's server handling
+    with Server(cmd, env, log, port, cwd=ROOT) as srv:  # NOTE: eval/run_arms.py's server handling
         srv.wait_ready(300)
         yield srv.base, srv.proc, log, tmp / "trace.jsonl"
 
@@ -48,7 +46,7 @@ def _generate(base, ids, rid=None):
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
     if rid:
         body["rid"] = rid
-    return _request(base + "/generate", body, timeout=120)[1]
+    return request_json(base + "/generate", body, timeout=120)[1]
 
 
 def _events(trace: Path) -> list[dict]:
@@ -61,7 +59,7 @@ def test_four_branches_park_then_hit_the_fork_state(server):
     branches = [doc + [20_000 + 50 * i + j for j in range(40)] for i in range(4)]
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(lambda ids: _generate(base, ids), branches))
-    info = _request(base + "/server_info")[1]["internal_states"][0]["radixflow"]
+    info = request_json(base + "/server_info")[1]["internal_states"][0]["radixflow"]
     assert info["policy"] == "radixflow" and info["grid"] == 64 and info["blocked"] >= 1
     # no_buffer (SGLang's choice without overlap) cuts the producer at the fork: 2,000;
     # extra_buffer publishes on the grid: 1,984.
@@ -111,15 +109,15 @@ def test_abort_while_parked_leaks_nothing(server):
         except urllib.error.HTTPError as e:  # an aborted request may answer with an error
             results[rid] = {"error": e.code}
 
-    before = _request(base + "/server_info")[1]["internal_states"][0]["radixflow"]["blocked"]
+    before = request_json(base + "/server_info")[1]["internal_states"][0]["radixflow"]["blocked"]
     threads = [threading.Thread(target=send, args=(rid,)) for rid in ids]
     for t in threads:  # together, inside one admission hold: one produces, two park
         t.start()
     time.sleep(0.2)  # the producer's forward takes ~0.4 s; the other two are parked now
-    _request(base + "/abort_request", {"rid": "park-2"})
+    request_json(base + "/abort_request", {"rid": "park-2"})
     for t in threads:
         t.join(timeout=120)
-    info = _request(base + "/server_info")[1]["internal_states"][0]["radixflow"]
+    info = request_json(base + "/server_info")[1]["internal_states"][0]["radixflow"]
     assert info["blocked"] - before >= 2
     done = [results[r] for r in ("park-0", "park-1")]
     assert all(d["meta_info"]["finish_reason"]["type"] == "length" for d in done)
@@ -127,7 +125,7 @@ def test_abort_while_parked_leaks_nothing(server):
     aborted = results["park-2"]
     assert "error" in aborted or aborted["meta_info"]["finish_reason"]["type"] == "abort"
     time.sleep(2)  # idle: SGLang's strict leak check runs and would raise on a leak
-    assert _request(base + "/health", timeout=10)[0] == 200 and proc.poll() is None
+    assert request_json(base + "/health", timeout=10)[0] == 200 and proc.poll() is None
     assert "memory leak detected" not in log.read_text()
 
 

@@ -7,35 +7,18 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from eval.run_arms import Server
+from radixflow_sglang.testing.server import Server, free_port, request_json
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "launch" / "models" / "qwen3.5-0.8b"
 START_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _request(url: str, body: dict | None = None, timeout: float = 60.0):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        raw = r.read()
-        return r.status, json.loads(raw) if raw else None
 
 
 @pytest.fixture(params=["stock"])  # radixflow: test_server_e2e.py
@@ -43,7 +26,7 @@ def server(request, tmp_path):
     if not (MODEL / "tokenizer.json").exists():
         subprocess.run([sys.executable, "launch/build_tokenizer.py", "--ensure", str(MODEL)],
                        cwd=ROOT, check=True, timeout=300)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
     env["RADIXFLOW_POLICY"] = request.param  # stock: SGLang's own scheduler class
     env["RADIXFLOW_TRACE"] = str(tmp_path / "trace.jsonl")
@@ -57,7 +40,7 @@ def server(request, tmp_path):
         "--max-prefill-tokens", "8192",
         "--sleep-on-idle",  # SGLang's own: an idle scheduler polls its sockets, not a busy loop
     ]
-    with Server(cmd, env, log, port) as srv:  # NOTE: eval/run_arms.py's server handling
+    with Server(cmd, env, log, port, cwd=ROOT) as srv:  # NOTE: eval/run_arms.py's server handling
         srv.wait_ready(START_TIMEOUT_S)
         yield srv.base, srv.proc, log, request.param
 
@@ -70,7 +53,7 @@ def test_four_branches_on_a_shared_document(server):
     branches = [doc + [rng.randrange(1000, 100_000) for _ in range(40)] for _ in range(4)]
 
     def generate(ids):
-        return _request(base + "/generate",
+        return request_json(base + "/generate",
                         {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})[1]
 
     with ThreadPoolExecutor(4) as ex:
@@ -88,7 +71,7 @@ def test_four_branches_on_a_shared_document(server):
     # Deterministic simulated output: same prompt, same token.
     assert generate(branches[0])["output_ids"] == outs[0]["output_ids"]
 
-    status, info = _request(base + "/server_info")
+    status, info = request_json(base + "/server_info")
     assert status == 200
     assert info["mamba_radix_cache_strategy"] == "extra_buffer"
     assert info["disable_overlap_schedule"] is True

@@ -77,7 +77,7 @@ def test_conservation_and_accounting(segs, arms):
 
 
 def test_double_completion_raises(monkeypatch, segs):
-    from radixflow_sglang.adapter import kit
+    from radixflow_sglang.testing import kit
 
     orig = kit.Kit.complete
 
@@ -124,7 +124,7 @@ def test_capacity_bound_counts_shared_prefixes():
 
 
 def test_unlanded_policy_is_a_failed_arm(monkeypatch, segs):
-    from radixflow_sglang.adapter import kit
+    from radixflow_sglang.testing import kit
 
     orig = kit.Kit.__post_init__
 

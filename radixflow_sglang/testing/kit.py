@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from radixflow_sglang.adapter import check_sglang_version
+from radixflow_sglang.adapter.pools import cpu_pools
 from radixflow_sglang.geometry import Geometry, load_geometry
-
-from . import check_sglang_version
-from .pools import cpu_pools
 
 check_sglang_version()
 
