@@ -312,6 +312,8 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     rt = kit.runtime
     if rt is not None and rt.clock() != clock["now"]:
         raise RuntimeError("the kit's runtime does not read the virtual clock")
+    if rt is not None:
+        rt.use_prior(default_cost(model))  # NOTE: what a server derives; the fit learns `cost`
     geo = kit.geometry
     rows_budget = kit.cfg.rows or geo.rows
     tokens_budget = kit.cfg.tokens or geo.tokens
@@ -364,6 +366,9 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
             rnd = kit.step()
             if rnd is not None:
                 c = cost.batch(rnd.extend, rnd.prefix)
+                if rt is not None:  # the runtime's round-cost fit sees the twin's forwards
+                    rt.observe_forward(len(rnd.extend), rnd.scheduled_tokens, c,
+                                       pairs=attn_pairs(rnd.extend, rnd.prefix))
                 start = max(now, gpu_free)
                 end = start + c
                 gpu_free = end
@@ -530,6 +535,7 @@ def _all_metrics(result: ArmResult, branches: dict[str, _Branch], rt, leaks: dic
     m = subset(set(range(len(result.segments))))
     totals = rt.totals if rt is not None else None
     m["blocked"] = totals.blocked if totals else 0
+    m["recomputed"] = totals.recomputed if totals else 0  # Blocked, cost rule: recompute
     m["parked_max_rounds"] = totals.parked_max_rounds if totals else 0
     m["forks"] = totals.forks if totals else 0
     m["released_by_bound"] = totals.released_by_bound if totals else 0
@@ -654,7 +660,8 @@ def landed(
         reason = f"probe replay failed: {type(e).__name__}: {e}"
         _PROBE_CACHE[key] = reason
         return reason
-    counters = {"traversal": res.metrics["blocked"], "admission": res.metrics["held_iterations"],
+    counters = {"traversal": res.metrics["blocked"] + res.metrics["recomputed"],
+                "admission": res.metrics["held_iterations"],
                 "frag": res.metrics["frag_deferred"]}
     reason = None
     grid = load_geometry(model).grid

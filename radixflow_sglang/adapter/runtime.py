@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.core.admission import Agreement, Decision, Demand, Gate, local_agreement
+from radixflow_sglang.core.cost import GENERIC_PRIOR, CostCoeffs, RoundCostEstimator, RoundView
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.policy import PolicySpec, policy_spec
@@ -64,12 +65,18 @@ def cache_grid(sched: Scheduler) -> Grid:
 
 
 class RadixFlowRuntime:
-    def __init__(self, cfg: RadixFlowConfig, grid: Grid, overlap: bool, clock=time.monotonic):
+    def __init__(self, cfg: RadixFlowConfig, grid: Grid, overlap: bool, clock=time.monotonic,
+                 prior: CostCoeffs | None = None):
         self.cfg = cfg
         self.spec = cfg.spec
         self.grid = grid
         self.clock = clock
-        tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta)
+        tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta,
+                                       self.spec.cost_aware)
+        self.cost = RoundCostEstimator(prior or GENERIC_PRIOR)
+        self.share_forward = lambda seconds: seconds  # NOTE: a server broadcasts rank 0's
+        self.reuse = True  # the cache can share prefixes (False: --disable-radix-cache)
+        self._scan: _ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         self.totals = Totals()
         self.requests: dict[str, RequestStats] = {}
@@ -92,7 +99,10 @@ class RadixFlowRuntime:
 
     @classmethod
     def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig) -> RadixFlowRuntime:
-        return cls(cfg, cache_grid(sched), bool(getattr(sched, "enable_overlap", False)))
+        from .costprior import scheduler_prior
+
+        return cls(cfg, cache_grid(sched), bool(getattr(sched, "enable_overlap", False)),
+                   prior=scheduler_prior(sched))
 
     # --- scan hooks (called from scan.py) ------------------------------------------------------
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
@@ -103,6 +113,8 @@ class RadixFlowRuntime:
         if self.traversal is None:
             self.stats = RoundStats(self.round, t_start=self.clock())
             return
+        self.reuse = _reuse_possible(sched)
+        self._scan = _ScanView.of(sched) if self.spec.cost_aware else None
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
         if self._no_buffer_fork_possible(sched, adder):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
@@ -121,8 +133,8 @@ class RadixFlowRuntime:
             return True
         self.stats.visited += 1
         t = self.traversal
-        if t is None or getattr(req, "session", None) is not None:
-            return False
+        if t is None or not self.reuse or getattr(req, "session", None) is not None:
+            return False  # NOTE: nothing to wait for without a shared cache
         tokens, ns = req_tokens(req), namespace(req)
         if not t.may_block(req.rid, ns, tokens):
             t.waits.release(req.rid)  # rechecked: no live producer, native handling
@@ -137,6 +149,13 @@ class RadixFlowRuntime:
         if b is None:
             t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
             return False
+        if self._scan is not None:
+            verdict = t.decide(cand, b, self._scan.view(req, adder), self.cost.coeffs)
+            if not verdict.wait:
+                t.waits.release(req.rid)  # recomputing its gain now costs less
+                self.stats.recomputed += 1
+                return False
+            self._scan.parked(len(tokens) - b.depth)
         if not t.park(cand, b):
             return False
         release_parked(sched, req)
@@ -186,11 +205,35 @@ class RadixFlowRuntime:
         if s.rows or s.blocked:
             self._emit({"event": "round", **s.as_dict()})
 
+    def use_prior(self, prior) -> None:
+        """Restart the round-cost fit from `prior` (anything with alpha/beta/gamma[/delta])."""
+        self.cost = RoundCostEstimator(CostCoeffs(
+            prior.alpha, prior.beta, prior.gamma, getattr(prior, "delta", 0.0),
+            getattr(prior, "source", "custom")))
+
+    def observe_forward(self, rows: int, tokens: int, seconds: float, **extra) -> float:
+        """One prefill forward's measured duration: agreed across ranks (rank 0's value),
+        recorded in the trace, fed to the round-cost fit. Every rank must call it for every
+        prefill forward in the same order (it runs a collective in a server). `extra`: `pairs`
+        (full-attention query-key pairs, fitted as a term) and anything worth tracing."""
+        seconds = float(self.share_forward(float(seconds)))
+        pairs = float(extra.get("pairs", 0.0))
+        accepted = self.cost.observe(rows, tokens, seconds, pairs)
+        self._emit({"event": "forward", "round": self.round, "rows": rows,
+                    "scheduled_tokens": tokens, "forward_s": seconds, "accepted": accepted,
+                    **extra})
+        if self.metrics is not None and hasattr(self.metrics, "on_forward"):
+            self.metrics.on_forward(seconds, self.cost.coeffs)
+        return seconds
+
     def summary(self) -> dict:
         """Counters for /server_info and metrics (plain data)."""
         t = self.totals
         return {
             "policy": self.spec.name, "composition": self.spec.describe(),
+            "wait_rule": (None if self.traversal is None
+                          else "cost-aware" if self.spec.cost_aware else "always"),
+            "recomputed": t.recomputed, "cost": self.cost.as_dict(),
             "grid": self.grid.size, "layout": self.grid.layout.value,
             "rounds": t.rounds, "blocked": t.blocked, "forks": t.forks,
             "released_by_bound": t.released_by_bound, "parked_max_rounds": t.parked_max_rounds,
@@ -370,6 +413,61 @@ class RadixFlowRuntime:
     def _emit(self, record: dict) -> None:
         if self._trace is not None:
             self._trace.write(json.dumps(record, default=str) + "\n")
+
+
+def _reuse_possible(sched: Scheduler) -> bool:
+    """False when the tree shares nothing (--disable-radix-cache): no wait can ever pay off."""
+    probe = getattr(sched.tree_cache, "supports_prefix_sharing", None)
+    return bool(probe()) if probe is not None else not getattr(sched.tree_cache, "disable", False)
+
+
+@dataclass
+class _ScanView:
+    """Per-scan, rank-identical inputs of the cost-aware wait rule (core/cost.py RoundView):
+    the waiting queue's order and token demand, the budgets, the running decode rows."""
+
+    pos: dict[str, int]  # rid -> queue position
+    after: list[int]  # after[i]: input tokens of queue entries i.. (upper bound of demand)
+    queued: int
+    running: int
+    mean_extend: float
+    token_budget: int
+    row_budget: int
+    parked_tokens: int = 0
+    parked_rows: int = 0
+
+    @classmethod
+    def of(cls, sched: Scheduler) -> _ScanView:
+        q = sched.waiting_queue
+        lens = [len(r.origin_input_ids) + len(r.output_ids) for r in q]
+        after = [0] * (len(lens) + 1)
+        for i in range(len(lens) - 1, -1, -1):
+            after[i] = after[i + 1] + lens[i]
+        chunk = sched.chunked_prefill_size
+        budget = sched.max_prefill_tokens
+        budget = min(budget, chunk) if chunk and chunk > 0 else budget
+        running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
+        return cls({r.rid: i for i, r in enumerate(q)}, after, len(q), running,
+                   after[0] / len(q) if q else 1.0, budget, sched.max_running_requests)
+
+    def view(self, req: Req, adder: PrefillAdder) -> RoundView:
+        run = adder.can_run_list
+        i = self.pos.get(req.rid, self.queued - 1)
+        left = adder.rem_input_tokens
+        if adder.rem_chunk_tokens is not None:
+            left = min(left, adder.rem_chunk_tokens)
+        selected = sum(1 for r in run if r.rid in self.pos)
+        return RoundView(
+            rows=len(run), behind=self.queued - selected + self.running,
+            budget_left=max(int(left), 0), demand_after=self.after[i + 1],
+            mean_extend=self.mean_extend,
+            rows_left=max(self.row_budget - self.running - len(run), 0),
+            parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
+            token_budget=self.token_budget, row_budget=self.row_budget)
+
+    def parked(self, extend: int) -> None:
+        self.parked_tokens += extend
+        self.parked_rows += 1
 
 
 def release_parked(sched: Scheduler, req: Req) -> None:

@@ -1,0 +1,61 @@
+"""The round-cost prior of a served model (core/cost.py `prior_from_geometry`), from what the
+scheduler knows: the loaded model's parameter count (GPU), else an estimate from the config's
+layer shapes; the geometry (recurrent state bytes, full-attention layers) from the same config.
+A model whose config lacks these numbers (the kit's stand-in) gets `GENERIC_PRIOR`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from radixflow_sglang.core.cost import GENERIC_PRIOR, CostCoeffs, prior_from_geometry
+
+logger = logging.getLogger(__name__)
+
+
+def _loaded_params(sched) -> float | None:
+    model = getattr(getattr(getattr(sched, "tp_worker", None), "model_runner", None), "model",
+                    None)
+    if model is None or not hasattr(model, "parameters"):
+        return None
+    n = sum(p.numel() for p in model.parameters())
+    # NOTE: tensor-parallel shards: each rank holds ~1/tp of the weights.
+    return float(n * max(1, int(getattr(sched, "tp_size", 1) or 1)))
+
+
+def _estimated_params(t: dict) -> float:
+    """Dense estimate: 4 h^2 attention/mixer projections + 3 h * intermediate MLP per layer,
+    plus the embedding tables (a prior, not a count: within ~25 % on the Qwen3.5 family)."""
+    h, n = t["hidden_size"], t["num_hidden_layers"]
+    inter = t.get("intermediate_size") or 4 * h
+    tables = 1 if t.get("tie_word_embeddings", False) else 2
+    return float(n * (4 * h * h + 3 * h * inter) + tables * t["vocab_size"] * h)
+
+
+def prior_from_config(cfg: dict, params: float | None = None, name: str = "model") -> CostCoeffs:
+    from radixflow_sglang.geometry import geometry_from_config
+
+    t = cfg.get("text_config", cfg)
+    geo = geometry_from_config(name, cfg)
+    heads = t["num_attention_heads"]
+    head_dim = t.get("head_dim") or t["hidden_size"] // heads
+    return prior_from_geometry(
+        params or _estimated_params(t), t["vocab_size"], t["hidden_size"],
+        bool(cfg.get("tie_word_embeddings", t.get("tie_word_embeddings", False))),
+        state_bytes=geo.state_bytes, full_layers=len(geo.full_layers), heads=heads,
+        head_dim=head_dim, source=f"prior:{name}")
+
+
+def scheduler_prior(sched) -> CostCoeffs:
+    mc = getattr(sched, "model_config", None)
+    hf = getattr(mc, "hf_config", None)
+    try:
+        cfg = hf.to_dict() if hasattr(hf, "to_dict") else None
+        if not cfg:
+            return GENERIC_PRIOR
+        return prior_from_config(cfg, _loaded_params(sched),
+                                 str(getattr(mc, "model_path", "model")).rstrip("/")
+                                 .rsplit("/", 1)[-1])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        logger.info("radixflow: generic round-cost prior (%s)", e)
+        return GENERIC_PRIOR
