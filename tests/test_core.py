@@ -589,9 +589,11 @@ def test_each_policy_composition(name):
     s = policy_spec(name)
     assert s.name == name
     assert s.native_class == (name == "stock")
-    assert s.traversal == (name in ("traversal", "radixflow", "radixflow-frag"))
+    assert s.traversal == (name in ("traversal", "radixflow", "radixflow-frag",
+                                    "traversal-always", "radixflow-always"))
+    assert s.cost_aware == (name in ("traversal", "radixflow", "radixflow-frag"))
     want_adm = {"timer5": "timer", "timer10": "timer", "flex": "flex", "radixflow": "flex",
-                "radixflow-frag": "flex"}.get(name)
+                "radixflow-frag": "flex", "radixflow-always": "flex"}.get(name)
     assert s.admission == want_adm
     assert s.frag == (name == "radixflow-frag")
     if name.startswith("timer"):
@@ -605,6 +607,8 @@ def test_each_policy_composition(name):
     assert ("state-ready traversal" in text) == s.traversal
     assert ("flexible admission" in text) == (want_adm == "flex")
     assert ("fragmentation guard" in text) == s.frag
+    assert ("cost-aware wait" in text) == (s.traversal and s.cost_aware)
+    assert ("always wait" in text) == (s.traversal and not s.cost_aware)
 
 
 def test_flex_never_traverses_and_traversal_never_holds():
