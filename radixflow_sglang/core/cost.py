@@ -86,8 +86,8 @@ class RoundCostEstimator:
     x = (1, tokens/1024, rows/8, pairs/1e6): the prior counts like `prior_rounds` rounds that
     pin each coefficient, so directions the observed rounds do not span (e.g. every round had
     the same row count) stay at the prior. Observations decay by `forget` per round (recent
-    hardware state wins: a window of ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is ignored, and
-    one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the median absolute
+    hardware state wins; ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
+    ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the median absolute
     residual of the last `window` observations, rejected ones included, so a genuine level
     shift (a wrong prior) is accepted after a few rounds while a lone outlier (first CUDA graph
     capture, a stall) never moves the fit. Deterministic: the same observations in the same
