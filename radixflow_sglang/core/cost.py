@@ -87,8 +87,9 @@ class RoundCostEstimator:
     pin each coefficient, so directions the observed rounds do not span (e.g. every round had
     the same row count) stay at the prior. Observations decay by `forget` per round (recent
     hardware state wins; ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
-    ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the median absolute
-    residual of the last `window` observations, rejected ones included, so a genuine level
+    ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the
+    median absolute residual of the last `window` observations, rejected ones included, so a
+    genuine level
     shift (a wrong prior) is accepted after a few rounds while a lone outlier (first CUDA graph
     capture, a stall) never moves the fit. Deterministic: the same observations in the same
     order give the same fit.
