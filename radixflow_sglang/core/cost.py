@@ -89,9 +89,8 @@ class RoundCostEstimator:
     hardware state wins; ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
     ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the
     median absolute residual of the last `window` observations, rejected ones included, so a
-    genuine level
-    shift (a wrong prior) is accepted after a few rounds while a lone outlier (first CUDA graph
-    capture, a stall) never moves the fit. Deterministic: the same observations in the same
+    genuine level shift (a wrong prior) is accepted after a few rounds while a lone outlier
+    (first CUDA graph capture, a stall) never moves the fit. Deterministic: the same observations in the same
     order give the same fit.
     """
 
