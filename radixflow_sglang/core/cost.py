@@ -90,8 +90,8 @@ class RoundCostEstimator:
     ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the
     median absolute residual of the last `window` observations, rejected ones included, so a
     genuine level shift (a wrong prior) is accepted after a few rounds while a lone outlier
-    (first CUDA graph capture, a stall) never moves the fit. Deterministic: the same observations in the same
-    order give the same fit.
+    (first CUDA graph capture, a stall) never moves the fit. Deterministic: the same
+    observations in the same order give the same fit.
     """
 
     def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 1.0, forget: float = 0.998,
