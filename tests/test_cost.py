@@ -227,3 +227,76 @@ def test_two_ranks_with_different_measurements_decide_the_same():
     differ = fits(agree=False)
     assert differ[0] != differ[1]  # without agreement the slow rank fits other numbers
     assert decisions(differ[0]) != decisions(differ[1])  # ... and decides differently
+
+
+# --- both rules on SGLang's real scan (the kit) ------------------------------------------------
+
+
+def branches(k, doc_len: int, n: int = 4, start: int = 1000):
+    doc = list(range(start, start + doc_len))
+    k.submit(*[k.req(f"b{i}", doc + list(range(90_000 + 40 * i, 90_000 + 40 * i + 30)))
+               for i in range(n)])
+    return doc_len
+
+
+@pytest.mark.parametrize("policy", ["traversal", "traversal-always"])
+def test_kit_long_shared_document_waits_under_both_rules(make_kit, policy):
+    k = make_kit("qwen3.5-4b", "extra_buffer", policy)
+    branches(k, 4000)
+    rounds = k.drain()
+    t = k.runtime.totals
+    assert t.blocked == 3 and t.recomputed == 0
+    assert rounds[0].rids == ["b0"] and sorted(rounds[1].rids) == ["b1", "b2", "b3"]
+    assert sum(r.scheduled_tokens for r in rounds) < 4000 + 4 * 200
+
+
+@pytest.mark.parametrize("policy, parks", [("traversal", False), ("traversal-always", True)])
+def test_kit_short_document_under_a_large_fixed_cost(make_kit, policy, parks):
+    k = make_kit("qwen3.5-4b", "extra_buffer", policy)
+    k.runtime.use_prior(CostCoeffs(0.25, QWEN_4B.beta, QWEN_4B.gamma))
+    branches(k, 320)
+    rounds = k.drain()
+    t = k.runtime.totals
+    assert (t.blocked > 0) == parks
+    assert (t.recomputed == 3) == (not parks)
+    if not parks:  # native: one round, every branch recomputes the document (SGLang's way)
+        assert len(rounds) == 1 and sorted(rounds[0].rids) == ["b0", "b1", "b2", "b3"]
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+@pytest.mark.parametrize("policy", ["traversal", "traversal-always", "radixflow"])
+def test_kit_nothing_parks_when_the_cache_shares_nothing(make_kit, policy):
+    k = make_kit("qwen3.5-4b", "extra_buffer", policy)
+    k.pools.cache.disable = True  # what --disable-radix-cache builds (CacheInitParams.disable)
+    branches(k, 4000)
+    k.drain()
+    assert k.runtime.totals.blocked == 0 and k.runtime.totals.recomputed == 0
+    on = make_kit("qwen3.5-4b", "extra_buffer", policy)  # the same with the cache on parks
+    branches(on, 4000)
+    on.drain()
+    assert on.runtime.totals.blocked > 0
+
+
+def test_observe_forward_feeds_the_fit_trace_and_summary(make_kit, tmp_path):
+    import json
+
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+
+    trace = tmp_path / "trace.jsonl"
+    k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow",
+                 radixflow_config=RadixFlowConfig(policy="radixflow", trace=str(trace)))
+    rt = k.runtime
+    prior = rt.cost.coeffs
+    for rows, tokens, y in rounds(60, seed=5):
+        assert rt.observe_forward(rows, tokens, y, pairs=0.0) == y
+    s = rt.summary()
+    assert s["wait_rule"] == "cost-aware" and "cost-aware wait" in s["composition"]
+    assert s["cost"]["observed"] == 60 and s["cost"]["alpha_s"] != prior.alpha
+    assert s["cost"]["alpha_s"] == pytest.approx(TRUE.alpha, rel=0.25)
+    events = [json.loads(x) for x in trace.read_text().splitlines()]
+    fwd = [e for e in events if e["event"] == "forward"]
+    assert len(fwd) == 60 and all("duration_s" in e and "rows" in e for e in fwd)
+    shared: list[float] = []
+    rt.share_forward = lambda s: (shared.append(s), 0.123)[1]  # rank 0's value wins
+    assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [9.9]
+    assert make_kit(policy="radixflow-always").runtime.summary()["wait_rule"] == "always"

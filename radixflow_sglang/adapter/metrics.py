@@ -7,10 +7,12 @@ and `/metrics` aggregates every process's samples. Only the stats-logging rank r
 
 from __future__ import annotations
 
+from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.stats import RoundStats
 
 ROW_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (0, 64, 256, 1024, 2048, 4096, 8192, 16384)
+FORWARD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class RadixFlowMetrics:
@@ -31,6 +33,13 @@ class RadixFlowMetrics:
                                 names, buckets=(0, 1, 2, 3, 4, 8))
         self.wait_set = Gauge("radixflow_wait_set", "Parked requests now", names,
                               multiprocess_mode="mostrecent")
+        self.recomputed = Counter("radixflow_recomputed",
+                                  "Blocked requests the cost rule sent to recompute", names)
+        self.forward = Histogram("radixflow_forward_seconds", "Measured prefill forward time",
+                                 names, buckets=FORWARD_BUCKETS)
+        self.fit = Gauge("radixflow_round_cost", "Round-cost fit: c = alpha + beta * tokens + "
+                         "gamma * rows + delta * pairs (seconds per unit)",
+                         [*names, "term"], multiprocess_mode="mostrecent")
 
     def on_round(self, s: RoundStats, parked_rounds: list[int], held: int) -> None:
         lab = self.labels
@@ -45,6 +54,15 @@ class RadixFlowMetrics:
         for n in parked_rounds:
             self.parked.labels(**lab).observe(n)
         self.wait_set.labels(**lab).set(s.wait_set)
+        if s.recomputed:
+            self.recomputed.labels(**lab).inc(s.recomputed)
+
+    def on_forward(self, seconds: float, fit: CostCoeffs) -> None:
+        lab = self.labels
+        if seconds == seconds:  # NOTE: NaN = not measured
+            self.forward.labels(**lab).observe(seconds)
+        for term in ("alpha", "beta", "gamma", "delta"):
+            self.fit.labels(**lab, term=term).set(getattr(fit, term))
 
 
 def scheduler_metrics(sched, policy: str) -> RadixFlowMetrics | None:

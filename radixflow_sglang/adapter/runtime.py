@@ -220,7 +220,7 @@ class RadixFlowRuntime:
         pairs = float(extra.get("pairs", 0.0))
         accepted = self.cost.observe(rows, tokens, seconds, pairs)
         self._emit({"event": "forward", "round": self.round, "rows": rows,
-                    "scheduled_tokens": tokens, "forward_s": seconds, "accepted": accepted,
+                    "scheduled_tokens": tokens, "duration_s": seconds, "accepted": accepted,
                     **extra})
         if self.metrics is not None and hasattr(self.metrics, "on_forward"):
             self.metrics.on_forward(seconds, self.cost.coeffs)

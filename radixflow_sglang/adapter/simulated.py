@@ -28,6 +28,7 @@ import time
 from types import SimpleNamespace
 
 from . import check_sglang_version
+from .forward_timer import SIM_ATTR
 from .pools import cpu_pools
 
 check_sglang_version()
@@ -182,9 +183,11 @@ class SimulatedWorker(TpModelWorker):
         result = GenerationBatchResult(
             next_token_ids=torch.tensor(ids, dtype=torch.int64), can_run_cuda_graph=False
         )
-        left = self.cost(tokens, len(reqs)) - (time.perf_counter() - t0)
+        cost = self.cost(tokens, len(reqs))
+        left = cost - (time.perf_counter() - t0)
         if left > 0:
             time.sleep(left)
+        setattr(result, SIM_ATTR, cost)  # NOTE: the forward's duration, for the round-cost fit
         return result
 
 
