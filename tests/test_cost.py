@@ -300,3 +300,29 @@ def test_observe_forward_feeds_the_fit_trace_and_summary(make_kit, tmp_path):
     rt.share_forward = lambda s: (shared.append(s), 0.123)[1]  # rank 0's value wins
     assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [9.9]
     assert make_kit(policy="radixflow-always").runtime.summary()["wait_rule"] == "always"
+
+
+def test_forward_timer_reads_a_real_batch_and_result(make_kit):
+    import math
+
+    import torch
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    from radixflow_sglang.adapter import forward_timer
+
+    k = make_kit("qwen3.5-4b", "extra_buffer", "traversal")  # no admission hold: scan now
+    k.submit(k.req("warm", list(range(1000, 1300))))
+    k.drain()
+    k.submit(k.req("a", list(range(1000, 1300)) + [5] * 100), k.req("b", list(range(5000, 5200))))
+    batch = k.scan()
+    rows, tokens, pairs = forward_timer.batch_shape(batch)
+    ext = {r.rid: r.extend_end - r.prefix_len for r in batch.reqs}
+    pre = {r.rid: r.prefix_len for r in batch.reqs}
+    assert rows == 2 and tokens == sum(ext.values()) and pre["a"] > 0
+    assert pairs == sum(e * (pre[rid] + e / 2) for rid, e in ext.items())
+    result = GenerationBatchResult(next_token_ids=torch.tensor([1, 2]), can_run_cuda_graph=False)
+    assert math.isnan(forward_timer.seconds(result))  # nothing measured: the fit ignores it
+    forward_timer.stop(forward_timer.start(k.sched), result)
+    assert 0 <= forward_timer.seconds(result) < 60
+    setattr(result, forward_timer.SIM_ATTR, 0.0375)  # the simulated executor's own time wins
+    assert forward_timer.seconds(result) == 0.0375

@@ -68,6 +68,11 @@ def test_four_branches_park_then_hit_the_fork_state(server):
     assert cached[0] == 0 and cached[1:] == [fork] * 3  # one producer; the rest hit the fork
     rounds = [e for e in _events(trace) if e["event"] == "round"]
     assert sum(e["blocked"] for e in rounds) == info["blocked"]
+    # the cost-aware rule ran on a fit of the simulated executor's measured forwards
+    assert info["wait_rule"] == "cost-aware" and "cost-aware wait" in info["composition"]
+    forwards = [e for e in _events(trace) if e["event"] == "forward"]
+    assert forwards and all(e["duration_s"] > 0 for e in forwards)
+    assert info["cost"]["observed"] == len(forwards) and info["cost"]["beta_s"] > 0
 
 
 def test_sglang_frontend_fork_program_runs_unchanged(server):
@@ -95,6 +100,8 @@ def test_metrics_count_radixflow_rounds(server):
     rounds = [ln for ln in text.splitlines() if ln.startswith("radixflow_rounds_total")]
     assert rounds and float(rounds[0].rsplit(" ", 1)[1]) >= 2
     assert "radixflow_blocked_total" in text and "radixflow_round_tokens_bucket" in text
+    assert 'radixflow_round_cost{' in text and 'term="beta"' in text
+    assert "radixflow_forward_seconds_bucket" in text
 
 
 def test_abort_while_parked_leaks_nothing(server):
