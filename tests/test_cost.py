@@ -326,3 +326,27 @@ def test_forward_timer_reads_a_real_batch_and_result(make_kit):
     assert 0 <= forward_timer.seconds(result) < 60
     setattr(result, forward_timer.SIM_ATTR, 0.0375)  # the simulated executor's own time wins
     assert forward_timer.seconds(result) == 0.0375
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-0.8b", "qwen3.5-4b", "nemotron-9b", "qwen3-8b"])
+def test_server_prior_from_the_served_config_is_near_the_twin_default(model):
+    import json
+
+    from eval.costmodel import default_cost
+    from radixflow_sglang.adapter.costprior import prior_from_config
+    from radixflow_sglang.geometry import MODELS_DIR
+
+    cfg = json.loads((MODELS_DIR / model / "config.json").read_text())
+    est, ref = prior_from_config(cfg, name=model), default_cost(model)
+    # NOTE: the parameter count is estimated from the config's layer shapes (within 6 % of the
+    # published totals of the committed geometries)
+    assert est.beta == pytest.approx(ref.beta, rel=0.1)
+    assert est.gamma == pytest.approx(ref.gamma, rel=0.1) and est.alpha == ref.alpha
+    exact = prior_from_config(cfg, params=ref_params(model), name=model)
+    assert exact.beta == pytest.approx(ref.beta) and exact.delta == pytest.approx(ref.delta)
+
+
+def ref_params(model: str) -> float:
+    from eval.costmodel import PARAMS
+
+    return PARAMS[model]

@@ -23,13 +23,36 @@ def _loaded_params(sched) -> float | None:
     return float(n * max(1, int(getattr(sched, "tp_size", 1) or 1)))
 
 
+def _attention(t: dict, h: int) -> int:
+    hd = t.get("head_dim") or h // t["num_attention_heads"]
+    q = t["num_attention_heads"] * hd * (2 if t.get("attn_output_gate") else 1)
+    return h * (q + 2 * t["num_key_value_heads"] * hd) + t["num_attention_heads"] * hd * h
+
+
 def _estimated_params(t: dict) -> float:
-    """Dense estimate: 4 h^2 attention/mixer projections + 3 h * intermediate MLP per layer,
-    plus the embedding tables (a prior, not a count: within ~25 % on the Qwen3.5 family)."""
+    """Matmul weights from the config's layer shapes plus the embedding tables (a prior, not a
+    count: Qwen3.5's published totals also hold a vision tower). Qwen3.5: gated delta net
+    mixers (q, k, v, z, a, b, out) and every 4th layer gated attention, SwiGLU MLPs; Nemotron-H:
+    one of Mamba2 / attention / MLP per layer (`hybrid_override_pattern`); else dense."""
     h, n = t["hidden_size"], t["num_hidden_layers"]
     inter = t.get("intermediate_size") or 4 * h
-    tables = 1 if t.get("tie_word_embeddings", False) else 2
-    return float(n * (4 * h * h + 3 * h * inter) + tables * t["vocab_size"] * h)
+    tables = (1 if t.get("tie_word_embeddings", False) else 2) * t["vocab_size"] * h
+    if "hybrid_override_pattern" in t:
+        pat = t["hybrid_override_pattern"]
+        heads, hd = t["mamba_num_heads"], t["mamba_head_dim"]
+        groups = t.get("n_groups") or t.get("mamba_n_groups") or 1
+        mamba = h * (2 * heads * hd + 2 * groups * t["ssm_state_size"] + heads) + heads * hd * h
+        per = {"M": mamba, "*": _attention(t, h), "-": 2 * h * inter}
+        return float(sum(per.get(c, 0) for c in pat) + tables)
+    mlp = 3 * h * inter
+    if "full_attention_interval" in t:
+        k = t["full_attention_interval"]
+        kd = t["linear_num_key_heads"] * t["linear_key_head_dim"]
+        vd = t["linear_num_value_heads"] * t["linear_value_head_dim"]
+        gdn = h * (2 * kd + 2 * vd + 2 * t["linear_num_value_heads"]) + vd * h
+        full = n // k
+        return float(full * _attention(t, h) + (n - full) * gdn + n * mlp + tables)
+    return float(n * (_attention(t, h) + mlp) + tables)
 
 
 def prior_from_config(cfg: dict, params: float | None = None, name: str = "model") -> CostCoeffs:

@@ -114,7 +114,7 @@ class RadixFlowRuntime:
             self.stats = RoundStats(self.round, t_start=self.clock())
             return
         self.reuse = _reuse_possible(sched)
-        self._scan = _ScanView.of(sched) if self.spec.cost_aware else None
+        self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
         if self._no_buffer_fork_possible(sched, adder):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
@@ -149,7 +149,8 @@ class RadixFlowRuntime:
         if b is None:
             t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
             return False
-        if self._scan is not None:
+        if self.spec.cost_aware:
+            self._scan = self._scan or _ScanView.of(sched)
             verdict = t.decide(cand, b, self._scan.view(req, adder), self.cost.coeffs)
             if not verdict.wait:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
