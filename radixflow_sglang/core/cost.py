@@ -188,6 +188,7 @@ class WaitCase:
     depth: int  # depth the producer publishes at
     length: int  # the candidate's input length (extend = length - prefix)
     lag: int  # rounds until the state is published (1; 2 for this scan's producer under overlap)
+    cut_rest: int = 0  # no_buffer: tokens the producer defers a round when cut at the fork
 
 
 @dataclass(frozen=True)
@@ -216,11 +217,14 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         displaced = max(displaced, 1.0)  # NOTE: its row would go to the next request
     overflow = max(v.demand_after - v.budget_left, 0)
     over_rows = math.ceil(overflow / max(v.mean_extend, 1.0))
-    nxt = c(min(v.row_budget, 1 + v.parked_rows + over_rows),
-            min(v.token_budget, e2 + v.parked_tokens + overflow))
+    cut = 1 if case.cut_rest > 0 else 0
+    nxt = c(min(v.row_budget, 1 + cut + v.parked_rows + over_rows),
+            min(v.token_budget, e2 + case.cut_rest + v.parked_tokens + overflow))
     # NOTE: a wait of 2 rounds (overlap) passes a round that runs only the overflow; with none
     # the overlap loop processes the producer's result without a forward in between.
     between = c(min(v.row_budget, over_rows), min(v.token_budget, overflow)) if overflow else 0.0
-    wait_s = nxt + (case.lag - 1) * between
+    # NOTE: a no_buffer fork ends the producer's extend at the fork: the producer finishes its
+    # rest a round later too (only the consumer whose wait makes the cut pays for it).
+    wait_s = (1 + cut) * nxt + (case.lag - 1) * between
     recompute_s = extra * (v.rows + v.behind) + displaced * nxt
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)

@@ -117,7 +117,12 @@ class Traversal:
         if not self.cfg.cost_aware:
             return Verdict(True, 0.0, 0.0)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
-        return wait_wins(cost, WaitCase(c.ready, b.depth, len(c.tokens), lag), view)
+        p = self.index.get(b.producer)
+        cut_rest = 0
+        if b.fork and self.cfg.grid.layout is Layout.NO_BUFFER and p is not None:
+            # the producer's extend would end at the fork: its rest waits a round
+            cut_rest = max(p.prefix + p.extend - b.depth, 0) if not p.forked else 0
+        return wait_wins(cost, WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest), view)
 
     def park(self, c: Candidate, b: Blocking) -> bool:
         """Park a Blocked request; False when its bound is spent (caller goes native)."""
