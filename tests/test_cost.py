@@ -350,3 +350,31 @@ def ref_params(model: str) -> float:
     from eval.costmodel import PARAMS
 
     return PARAMS[model]
+
+
+def test_a_no_buffer_cut_charges_the_producers_delay_unless_queued_work_backfills_it():
+    c = CostCoeffs(0.02, QWEN_4B.beta, QWEN_4B.gamma)
+    plain = wait_wins(c, WaitCase(0, 1024, 1100, 1), view())
+    cut = wait_wins(c, WaitCase(0, 1024, 1100, 1, cut_rest=400), view())
+    assert cut.wait_s > 2 * plain.wait_s  # the producer's rest also finishes a round later
+    busy = view(budget_left=1000, demand_after=20_000, mean_extend=400.0)
+    cut_busy = wait_wins(c, WaitCase(0, 1024, 1100, 1, cut_rest=400), busy)
+    plain_busy = wait_wins(c, WaitCase(0, 1024, 1100, 1), busy)
+    assert cut_busy.wait_s == pytest.approx(plain_busy.wait_s, rel=0.05)  # a reorder only
+
+
+def test_decide_charges_the_cut_only_to_the_consumer_that_makes_it():
+    g = Grid(Layout.NO_BUFFER, 64)
+    t = Traversal(TraversalConfig.default(g, False, cost_aware=True))
+    doc = list(range(3000))
+    t.begin_round([], fork_slots=1)
+    t.admitted(Producer("p", "ns", doc, 0, 3000, 3000, True))
+    c1 = Candidate("c1", "ns", doc[:2000] + [7] * 50, 0, 2049)
+    b1 = t.classify(c1)
+    assert b1 is not None and b1.fork and b1.depth == 2000
+    first = t.decide(c1, b1, view(), QWEN_4B)
+    assert t.park(c1, b1)
+    c2 = Candidate("c2", "ns", doc[:2000] + [8] * 50, 0, 2049)
+    b2 = t.classify(c2)
+    assert b2 is not None and not b2.fork  # the producer already publishes at the fork
+    assert t.decide(c2, b2, view(), QWEN_4B).wait_s < first.wait_s

@@ -223,8 +223,12 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     # NOTE: a wait of 2 rounds (overlap) passes a round that runs only the overflow; with none
     # the overlap loop processes the producer's result without a forward in between.
     between = c(min(v.row_budget, over_rows), min(v.token_budget, overflow)) if overflow else 0.0
-    # NOTE: a no_buffer fork ends the producer's extend at the fork: the producer finishes its
-    # rest a round later too (only the consumer whose wait makes the cut pays for it).
-    wait_s = (1 + cut) * nxt + (case.lag - 1) * between
+    wait_s = nxt + (case.lag - 1) * between
+    if cut:
+        # NOTE: a no_buffer fork ends the producer's extend at the fork: the producer finishes
+        # its rest a round later too (the consumer whose wait makes the cut pays for it), less
+        # the queued work that fills the tokens it leaves when the budget binds.
+        backfill = min(case.cut_rest, overflow) / max(v.mean_extend, 1.0)
+        wait_s += max(nxt * (1.0 - backfill), 0.0)
     recompute_s = extra * (v.rows + v.behind) + displaced * nxt
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
