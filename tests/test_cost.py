@@ -378,3 +378,21 @@ def test_decide_charges_the_cut_only_to_the_consumer_that_makes_it():
     b2 = t.classify(c2)
     assert b2 is not None and not b2.fork  # the producer already publishes at the fork
     assert t.decide(c2, b2, view(), QWEN_4B).wait_s < first.wait_s
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-0.8b", "nemotron-9b", "qwen3-8b"])
+def test_server_prior_reads_the_hf_config_object_sglang_holds(model):
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from eval.costmodel import default_cost
+    from radixflow_sglang.adapter.costprior import scheduler_prior
+    from radixflow_sglang.geometry import MODELS_DIR
+
+    hf = AutoConfig.from_pretrained(str(MODELS_DIR / model))  # ModelConfig.hf_config's class
+    sched = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf, model_path=model),
+                            tp_worker=None)
+    prior = scheduler_prior(sched)
+    assert prior.source == f"prior:{model}"  # not the generic fallback
+    assert prior.beta == pytest.approx(default_cost(model).beta, rel=0.1)

@@ -58,8 +58,13 @@ def _estimated_params(t: dict) -> float:
 def prior_from_config(cfg: dict, params: float | None = None, name: str = "model") -> CostCoeffs:
     from radixflow_sglang.geometry import geometry_from_config
 
-    t = cfg.get("text_config", cfg)
-    geo = geometry_from_config(name, cfg)
+    t = dict(cfg.get("text_config", cfg))
+    if "layers_block_type" in t and "hybrid_override_pattern" not in t:
+        # NOTE: transformers' NemotronHConfig.to_dict() spells config.json's pattern as a list
+        kinds = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "-"}
+        t["hybrid_override_pattern"] = "".join(kinds.get(k, "-") for k in t["layers_block_type"])
+        t.setdefault("num_hidden_layers", len(t["layers_block_type"]))
+    geo = geometry_from_config(name, t)
     heads = t["num_attention_heads"]
     head_dim = t.get("head_dim") or t["hidden_size"] // heads
     return prior_from_geometry(
