@@ -83,9 +83,9 @@ def test_double_completion_raises(monkeypatch, segs):
 
     def complete_twice(self, batch):
         orig(self, batch)
-        if self.finished:
-            rid = next(reversed(self.finished))
-            self.finished[rid] = self.finished[rid]
+        done = [r for r in batch.reqs if r.finished()]
+        if done:
+            self.on_complete(done[-1])  # the kit's completion hook fires a second time
 
     monkeypatch.setattr(kit.Kit, "complete", complete_twice)
     with pytest.raises(twin.ConservationError, match="completed twice"):
@@ -123,7 +123,7 @@ def test_capacity_bound_counts_shared_prefixes():
     assert bound == max(math.ceil(u / 8192), math.ceil(12 / 64))
 
 
-def test_unlanded_policy_is_a_failed_arm(monkeypatch, segs):
+def test_failing_policy_is_a_failed_arm(monkeypatch, segs):
     from radixflow_sglang.testing import kit
 
     orig = kit.Kit.__post_init__
@@ -134,7 +134,6 @@ def test_unlanded_policy_is_a_failed_arm(monkeypatch, segs):
         orig(self)
 
     monkeypatch.setattr(kit.Kit, "__post_init__", broken)
-    monkeypatch.setattr(twin, "_PROBE_CACHE", {})
     res = twin.run_arm(segs, MODEL, "flex")
     assert not res.ok and "flex is not here yet" in res.error and res.metrics is None
     assert report.arm_summary(res, None) == {"failed": True, "error": res.error}
@@ -215,14 +214,11 @@ def test_latency_is_batch_cost(overlap):
 
 
 def test_admission_hold_runs_in_virtual_time(segs, arms):
-    if twin.landed("timer5", MODEL) is not None:
-        pytest.skip("timer5 has not landed in the kit")
     res = twin.replay(segs, MODEL, "timer5")
     assert res.metrics["held_iterations"] > 0
     # a hold delays selection by at most the 5 ms deadline per request, in virtual time
     radix = arms["radix"].metrics["first_selection_mean_s"]
     assert radix <= res.metrics["first_selection_mean_s"] <= radix + 0.1
-    assert res.wall_s < 30
 
 
 def test_no_buffer_overlap_traversal_completes_every_token():
