@@ -2,31 +2,27 @@
 
 The scheduler is the real one (`radixflow_sglang.testing.kit.Kit`: SGLang 0.5.23's pools,
 UnifiedRadixCache, Req and prefill scan, stock or ours); only the GPU is simulated. A batch
-takes `cost(batch)` seconds of virtual time (`eval/costmodel.py`), nothing else takes time.
+takes `cost(batch)` seconds of GPU time (`eval/costmodel.py`); with a host-cost model
+(`eval/hostcost.py`, the default of eval/replay.py) the scheduler's own CPU time per round
+takes virtual time too, and the cost model's host part moves off the GPU (no double count).
 
 Protocol
 --------
+The clock, the pipeline of in-flight batches, completions and the idle guard are the shared
+virtual-time loop's (`radixflow_sglang/testing/loop.py`, whose docstring has the timeline).
+In short:
+
 * A question's four branches arrive together at its `arrival_s` and are appended to the
   kit's waiting queue at once, in branch order, each with the question's namespace as
   `extra_key` (so branches of different namespaces never share cache entries).
-* The clock `now` is the time of the scheduler's next scan. Before each scan every question
-  that has arrived by `now` is submitted. When nothing is waiting, chunked or in flight, the
-  clock jumps to the next arrival.
-* One `Kit.step()` = scan + launch + result processing. A launched batch occupies the GPU for
-  [start, end) with start = max(now, end of the previous batch), end = start + cost. After
-  the step, `now` advances to the end of every batch whose result the step processed: without
-  overlap that is the batch just launched; under overlap it is the previous one (the scan of
-  batch N+1 runs while batch N computes, as SGLang's overlap loop does), so the scan happens
-  at the end of batch N-1 and a request arriving later waits for the scan after batch N.
-* A branch completes at the end of the batch that computed its last token (under overlap its
-  result is processed one step later, but the completion time is still that batch's end).
-  A question's latency is arrival -> completion of its fourth branch.
-* The runtime's clock reads the virtual `now` and its `sleep` (what an admission hold waits
-  with) is virtual: it advances `now` to the hold's deadline or the next arrival, whichever
-  is first (a real scheduler polls its socket with that timeout).
-* A scan that launches nothing, processes nothing and sleeps no time while requests wait (a
-  full pool) costs no GPU time; the clock advances by IDLE_TICK_S (or to the next arrival, if
-  sooner) and the scheduler scans again.
+* The clock `now` is the time of the scheduler's next scan. A launched batch occupies the GPU
+  for [start, end) with start = max(now + host, end of the previous batch); without overlap
+  the step processes it (now -> its end), under overlap the previous one (the scan of batch
+  N+1 runs while batch N computes, hiding its host time, as SGLang's overlap loop does).
+* A branch completes at the end of the batch that computed its last token. A question's
+  latency is arrival -> completion of its fourth branch.
+* An admission hold sleeps in virtual time (to its deadline or the next arrival); a scan that
+  does nothing costs an idle tick.
 * Segments are replayed IN SEQUENCE on one kit (one server, as the GPU benchmark does): the
   next segment's arrival times are offset to the instant the previous one has fully drained.
   Their namespaces carry the segment tag, so segments share no cache hits, but they do share
@@ -560,12 +556,19 @@ def probe_segments(seed: int = 0, tokens: int = 8192) -> list[Segment]:
 
 def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str = "extra_buffer",
             overlap: bool = False, cost: CostModel | None = None, seed: int = 0,
-            progress: bool = False) -> ArmResult:
-    """`replay`, where a failure is a failed arm: it carries its error and no numbers."""
+            progress: bool = False, host: Any = None) -> ArmResult:
+    """`replay`, where a failure is a failed arm: it carries its error and no numbers.
+
+    `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
+    time, and the cost model's alpha/gamma lose their host part) or None (free scans)."""
+    from eval.hostcost import gpu_cost
+
     t0 = time.perf_counter()
     try:
+        cost = cost or default_cost(model)
+        fn = host.host_fn(policy) if host is not None else None
         res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
-                     seed=seed, progress=progress)
+                     seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host))
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)
