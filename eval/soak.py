@@ -165,26 +165,27 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
                 if after is not None:
                     abort_at[rid] = h.steps + after
 
-        def before_step() -> None:
-            for rid in [r for r, s in abort_at.items() if s <= h.steps]:
-                del abort_at[rid]
-                state["attempts"] += 1
-                h.abort(rid)  # NOTE: already selected: too late, it completes
-            if cfg.overlap and cfg.retract_prob > 0:
-                for req in h.retractable():
-                    if rng.random() < cfg.retract_prob:
-                        h.retract(req)
-
-        def completed(_rid: str, _t: float) -> None:
+        def ended(*_: Any) -> None:
             if progress is None:
                 return
             done = sum(h.completions.count.values()) + sum(h.aborted.values())
             progress(done - state["ended"])
             state["ended"] = done
 
+        def before_step() -> None:
+            for rid in [r for r, s in abort_at.items() if s <= h.steps]:
+                del abort_at[rid]
+                state["attempts"] += 1
+                if h.abort(rid):  # NOTE: already selected: too late, it completes
+                    ended()
+            if cfg.overlap and cfg.retract_prob > 0:
+                for req in h.retractable():
+                    if rng.random() < cfg.retract_prob:
+                        h.retract(req)
+
         loop = VirtualLoop(kit, lambda rnd: cost.batch(rnd.extend, rnd.prefix), stepper=h,
                            clock=clock, log=h.completions, before_step=before_step,
-                           on_complete=completed, label=policy)
+                           on_complete=ended, label=policy)
         now = loop.run(arrivals, lambda a: a.t, submit)
         leaks = h.finish()
     finally:
