@@ -33,6 +33,11 @@ shapes and are ignored.
 alpha (s per forward). A fixed per-forward overhead: kernel launches / CUDA graph replay,
 the scheduler's own scan and batch preparation, sampling, the result round trip. ASSUMPTION:
 8 ms, the same for every model (order of magnitude of SGLang's non-overlapped scheduler step).
+alpha and gamma therefore describe a round as observed WITHOUT overlap. The twin's host-cost
+model (eval/hostcost.py) takes the scan and batch preparation out of them (GPU time = cost less
+the stock scan's s0 + s2 * rows) and charges each arm its own scan's CPU time instead, added to
+the round without overlap and hidden behind the previous forward with overlap; nothing is
+counted twice. `--host-cost none` keeps the whole cost on the GPU and the scans free.
 
 gamma (s per row). ASSUMPTION: 0.1 ms of per-request bookkeeping (metadata, index tensors,
 sampling), plus the LM head on the row's last position (2 * vocab * hidden FLOPs at the same
@@ -56,7 +61,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +134,18 @@ def default_cost(model: str, *, attention: bool = True) -> CostModel:
         head_dim = t.get("head_dim") or t.get("attention_head_dim") or hidden // heads
         delta = 4 * len(geo.full_layers) * heads * head_dim / flops_per_s
     return CostModel(ALPHA_S, beta, gamma, delta, source=f"default:{model}")
+
+
+def cost_with(model: str, *, alpha_ms: float | None = None, beta_us: float | None = None,
+              gamma_ms: float | None = None) -> CostModel:
+    """`default_cost(model)` with alpha / beta / gamma overridden where given (ms, us, ms)."""
+    c = default_cost(model)
+    given = (("alpha", alpha_ms, 1e-3), ("beta", beta_us, 1e-6), ("gamma", gamma_ms, 1e-3))
+    over = {k: v * unit for k, v, unit in given if v is not None}
+    if not over:
+        return c
+    tag = ",".join(f"{k}={v:g}" for k, v in over.items())
+    return replace(c, **over, source=f"{c.source}+{tag}")
 
 
 def _records(source: str | Path | Iterable[Mapping]) -> list[Mapping]:

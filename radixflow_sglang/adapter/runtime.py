@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.core.admission import Agreement, Decision, Demand, Gate, local_agreement
@@ -300,6 +302,15 @@ class RadixFlowRuntime:
         self.frag_deferred.pop(rid, None)
         if self.traversal is not None:
             self.traversal.forget(rid)
+
+    def parked_rounds(self) -> Mapping[str, int]:
+        """Rounds each request has parked so far, kept until it leaves the queue (read-only)."""
+        waits = self.traversal.waits.total_rounds if self.traversal is not None else {}
+        return MappingProxyType(waits)
+
+    def parked(self) -> list[str]:
+        """Requests in the wait set now."""
+        return self.traversal.waits.rids() if self.traversal is not None else []
 
     def _records(self) -> int:
         waits = self.traversal.waits.total_rounds if self.traversal is not None else ()
