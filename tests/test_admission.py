@@ -183,14 +183,14 @@ def test_frag_deferral_is_capped_then_native_chunking(make_kit, clock):
 def test_skewed_clocks_agree_through_rank_zero(make_kit, policy):
     """Two simulated TP ranks whose clocks disagree (rank 1 jitters by 0-3 ms per iteration):
     with agreement every round is identical."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
     def run(agree: bool):
         clocks = [Clock(), Clock()]
-        kits = [make_kit(policy=policy, clock=c) for c in clocks]
         shared: list[Decision] = []
-        kits[0].runtime.agreement = lambda d: (shared.append(d), d)[1]
-        if agree:
-            kits[1].runtime.agreement = lambda d: shared[-1]
+        agreements = [lambda d: (shared.append(d), d)[1], (lambda d: shared[-1]) if agree else None]
+        kits = [Kit(KitConfig(), policy=policy, clock=c, agreement=a)
+                for c, a in zip(clocks, agreements, strict=True)]
         trace = [[], []]
         arrivals = {0.0: ["q0"], 0.002: ["q1"], 0.004: ["q2"], 0.007: ["q3"]}
         for it in range(12):

@@ -198,6 +198,7 @@ class Kit:
     geometry: Geometry | None = None
     clock: Callable[[], float] | None = None  # the runtime's clock (the twin: virtual time)
     sleep: Callable[[float], None] | None = None  # what a holding scheduler waits with
+    agreement: Callable | None = None  # how the hold shares rank 0's decision (default: local)
 
     def __post_init__(self) -> None:
         if self.cfg.layout not in LAYOUTS:
@@ -208,10 +209,10 @@ class Kit:
         cls = scheduler_class(self.policy, self.radixflow_config)
         self.sched = make_scheduler(cls, self.pools, self.cfg, self.geometry)
         self.sched.result_queue = deque()  # in-flight batches (overlap: processed one round late)
-        rf = self.runtime
-        if rf is not None:
-            rf.clock = self.clock or rf.clock
-            rf.sleep = self.sleep or (lambda _s: None)
+        if self.policy != "stock":  # NOTE: the runtime's collaborators (the twin: virtual time)
+            given = {"clock": self.clock, "agreement": self.agreement}
+            self.sched.init_radixflow(sleep=self.sleep or (lambda _s: None),
+                                      **{k: v for k, v in given.items() if v is not None})
         self.rounds: list[Round] = []
         self.finished: dict[str, Req] = {}
         self._kv_total = self.pools.allocator.available_size()
