@@ -233,3 +233,49 @@ def test_timer_runs_eligible_work_while_fresh_requests_wait_their_deadline(make_
     assert k.runtime.totals.rounds == 1
     clock.t = 0.010
     assert sorted(k.step().rids) == ["early2", "late"]
+
+
+@pytest.mark.parametrize("policy", ["timer5", "timer10", "flex", "radixflow"])
+def test_a_hold_never_waits_while_a_batch_is_in_flight(policy):
+    """Issue 13 item 8: with a batch in flight (overlap) a fresh arrival is held out of the
+    scan, but the scheduler never waits for its deadline (the in-flight result is processed)."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    clock, waits = Clock(), []
+    k = Kit(KitConfig(overlap=True), policy=policy, clock=clock, sleep=waits.append)
+    k.submit(k.req("a", DOC + [1]))
+    assert k.step() is None and len(waits) == 1  # idle: the hold waits for the deadline
+    clock.t = 0.010
+    assert k.step().rids == ["a"] and k.sched.result_queue  # a's batch is in flight
+    k.submit(k.req("b", list(range(9000, 9300))))  # fresh: 0 ms old
+    rnd = k.step()
+    assert len(waits) == 1  # no wait while a's batch runs
+    if policy.startswith("timer"):
+        assert rnd is None and "a" in k.finished  # b held; a's result was processed
+        clock.t = 1.0  # past its deadline
+        assert k.step().rids == ["b"]
+    else:
+        assert rnd.rids == ["b"]  # flex: running work releases at once (rule a)
+    assert len(waits) == 1
+
+
+@pytest.mark.parametrize("policy", ["timer5", "timer10"])
+def test_a_timer_hold_never_waits_while_a_decode_batch_runs(policy):
+    """Issue 13 item 8: a timer holds a fresh arrival while a decode batch runs; the pass
+    returns no prefill (the decode step goes on) and requests no wait."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    clock, waits = Clock(), []
+    k = Kit(KitConfig(), policy=policy, clock=clock, sleep=waits.append)
+    k.submit(k.req("a", DOC + [1], max_new_tokens=8))
+    clock.t = 1.0
+    assert k.step() is None and len(waits) == 1  # registered now; idle: it waits
+    clock.t = 2.0
+    decoding = k.scan()  # a's prefill: it stays in the running batch (SGLang merges it)
+    assert decoding is not None and [r.rid for r in decoding.reqs] == ["a"]
+    k.sched.running_batch = decoding
+    k.submit(k.req("b", list(range(9000, 9300))))
+    for _ in range(3):
+        plan = k.sched.get_new_batch_prefill(k.sched.running_batch)
+        assert plan.batch_to_run is None and plan.running_batch is decoding
+    assert len(waits) == 1 and k.runtime.held_iterations == 4

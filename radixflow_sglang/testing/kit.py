@@ -52,6 +52,7 @@ class KitConfig:
     schedule_policy: str = "fcfs"
     overlap: bool = False  # publish lag of overlap scheduling (result processed one round late)
     tree_core: str = "python"
+    disable_radix_cache: bool = False  # --disable-radix-cache: the same cache with disable=True
 
 
 @dataclass
@@ -74,6 +75,7 @@ def build_server_args(cfg: KitConfig, geo: Geometry) -> ServerArgs:
         pp_max_micro_batch_size=cfg.rows or geo.rows,
         mamba_radix_cache_strategy=cfg.layout if geo.hybrid else "auto",
         disable_overlap_schedule=not cfg.overlap,
+        disable_radix_cache=cfg.disable_radix_cache,
     )
     # NOTE: a dummy model has no HF config to read the grid from; preset it (as build_fixture).
     args._mamba_cache_chunk_size = geo.grid
@@ -96,7 +98,8 @@ def build_pools(cfg: KitConfig, geo: Geometry) -> Pools:
     hybrid = (ComponentType.FULL, ComponentType.MAMBA)
     components = hybrid if geo.hybrid else (ComponentType.FULL,)
     params = CacheInitParams(
-        req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=1, disable=False,
+        req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=1,
+        disable=cfg.disable_radix_cache,  # NOTE: as kv_cache_builder.py builds it (0.5.23)
         tree_components=components, enable_mamba_extra_buffer=extra,
     )
     with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(cfg.tree_core):
