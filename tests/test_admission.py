@@ -279,3 +279,21 @@ def test_a_timer_hold_never_waits_while_a_decode_batch_runs(policy):
         plan = k.sched.get_new_batch_prefill(k.sched.running_batch)
         assert plan.batch_to_run is None and plan.running_batch is decoding
     assert len(waits) == 1 and k.runtime.held_iterations == 4
+
+
+def test_the_scheduler_waits_on_its_socket_and_never_under_dp_attention(make_kit):
+    """A holding scheduler waits on its tokenizer socket (an arrival wakes it); under DP
+    attention it never waits (its DP peers step in lockstep with it)."""
+    from types import SimpleNamespace
+
+    from radixflow_sglang.adapter.admission import scheduler_sleep
+
+    sched = make_kit(policy="flex").sched  # SGLang's scheduler class (kit attributes)
+    polls: list[int] = []
+    sched.recv_from_tokenizer = SimpleNamespace(poll=lambda timeout: polls.append(timeout))
+    sched.attn_dp_enabled = False
+    scheduler_sleep(sched)(0.004)
+    assert polls == [4]
+    sched.attn_dp_enabled = True
+    scheduler_sleep(sched)(0.004)
+    assert polls == [4]
