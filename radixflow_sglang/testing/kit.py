@@ -53,6 +53,7 @@ class KitConfig:
     schedule_policy: str = "fcfs"
     overlap: bool = False  # publish lag of overlap scheduling (result processed one round late)
     tree_core: str = "python"
+    disable_radix_cache: bool = False  # --disable-radix-cache: the same cache with disable=True
 
 
 @dataclass
@@ -75,6 +76,7 @@ def build_server_args(cfg: KitConfig, geo: Geometry) -> ServerArgs:
         pp_max_micro_batch_size=cfg.rows or geo.rows,
         mamba_radix_cache_strategy=cfg.layout if geo.hybrid else "auto",
         disable_overlap_schedule=not cfg.overlap,
+        disable_radix_cache=cfg.disable_radix_cache,
     )
     # NOTE: a dummy model has no HF config to read the grid from; preset it (as build_fixture).
     args._mamba_cache_chunk_size = geo.grid
@@ -97,7 +99,8 @@ def build_pools(cfg: KitConfig, geo: Geometry) -> Pools:
     hybrid = (ComponentType.FULL, ComponentType.MAMBA)
     components = hybrid if geo.hybrid else (ComponentType.FULL,)
     params = CacheInitParams(
-        req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=1, disable=False,
+        req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=1,
+        disable=cfg.disable_radix_cache,  # NOTE: as kv_cache_builder.py builds it (0.5.23)
         tree_components=components, enable_mamba_extra_buffer=extra,
     )
     with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(cfg.tree_core):
@@ -210,6 +213,7 @@ class Kit:
     on_complete: Callable[[Req], None] | None = None  # after each request's completion
     on_scan: Callable[[ScanTiming], None] | None = None  # after each scan (step)
     keep_finished: bool = True  # keep completed Reqs in `finished` (a long soak keeps none)
+    agreement: Callable | None = None  # how the hold shares rank 0's decision (default: local)
 
     def __post_init__(self) -> None:
         if self.cfg.layout not in LAYOUTS:
@@ -220,10 +224,10 @@ class Kit:
         cls = scheduler_class(self.policy, self.radixflow_config)
         self.sched = make_scheduler(cls, self.pools, self.cfg, self.geometry)
         self.sched.result_queue = deque()  # in-flight batches (overlap: processed one round late)
-        rf = self.runtime
-        if rf is not None:
-            rf.clock = self.clock or rf.clock
-            rf.sleep = self.sleep or (lambda _s: None)
+        if self.policy != "stock":  # NOTE: the runtime's collaborators (the twin: virtual time)
+            given = {"clock": self.clock, "agreement": self.agreement}
+            self.sched.init_radixflow(sleep=self.sleep or (lambda _s: None),
+                                      **{k: v for k, v in given.items() if v is not None})
         self.rounds: list[Round] = []
         self.finished: dict[str, Req] = {}
         self.last_scan: ScanTiming | None = None
