@@ -33,7 +33,11 @@ class ConfigError(ValueError):
     def __init__(self, fields: tuple[str, ...], problem: str,
                  names: Mapping[str, str] | None = None) -> None:
         self.fields, self.problem = fields, problem
-        super().__init__(self.render(FIELD_NAMES if names is None else names))
+        self.names = dict(FIELD_NAMES if names is None else names)
+        super().__init__(self.render(self.names))
+
+    def __reduce__(self) -> tuple:  # NOTE: picklable across processes (args is the message)
+        return (ConfigError, (self.fields, self.problem, self.names))
 
     def render(self, names: Mapping[str, str]) -> str:
         labels = [names.get(f, f) for f in self.fields]

@@ -4,6 +4,7 @@ variable <-> RadixFlowConfig field, validated once, errors naming what the user 
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 
@@ -87,3 +88,4 @@ def test_one_error_renders_with_the_name_of_each_source() -> None:
               parsed={"policy": "stock"})
     assert str(e.value).startswith("RADIXFLOW_TRACE is set but --radixflow-policy is stock")
     assert e.value.render(FIELD_NAMES).startswith("RadixFlowConfig.trace is set but")
+    assert str(pickle.loads(pickle.dumps(e.value))) == str(e.value)  # crosses processes
