@@ -128,7 +128,8 @@ def server(request, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
     env.update(PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
     cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
-           "--port", str(port), "--radixflow-policy", request.param]
+           "--port", str(port), "--radixflow-policy", request.param,
+           "--radixflow-executor", "simulated"]
     with Server(cmd, env, tmp / "server.log", port, cwd=ROOT) as srv:
         srv.wait_ready(400)
         yield srv
@@ -205,3 +206,12 @@ def test_the_readme_curl_example_works(server) -> None:
     body, _, code = out.stdout.rpartition("\n")
     assert code == "200", out.stdout
     assert len(json.loads(body)["output_ids"]) == 1
+
+
+@pytest.mark.slow
+def test_the_launcher_logs_once_that_radixflow_is_active_and_with_which_policy(server) -> None:
+    policy = server.cmd[server.cmd.index("--radixflow-policy") + 1]
+    lines = [x for x in server.log.read_text().splitlines() if "RadixFlow active" in x]
+    assert len(lines) == 1, lines
+    assert f"RadixFlow active (launcher, executor simulated): policy {policy}: " in lines[0]
+    assert lines[0].endswith("; request checks on")

@@ -49,8 +49,8 @@ def run_scheduler_process(*args, **kwargs):
 
 
 def activate(cfg: RadixFlowConfig, origin: str) -> None:
-    """The launching process's part, every policy: the request checks (validate.py), the
-    scheduler class (for an in-process scheduler; spawned ones install their own), one log line."""
+    """Every policy, in each process that loads RadixFlow (launcher: the launching one; plugin:
+    all): the request checks (validate.py), the scheduler class, one log line."""
     from .validate import install as install_checks
 
     install_checks()
@@ -61,9 +61,8 @@ def activate(cfg: RadixFlowConfig, origin: str) -> None:
 
 def announce(msg: str) -> None:
     """One INFO line (the first caller's: the launcher's before the plugin's), in the launching
-    process only (SGLang's spawned children run the plugin
-    too); stderr when nothing would show it (`sglang serve` loads plugins before it configures
-    logging)."""
+    process only (SGLang's spawned children run the plugin too); stderr when nothing would show
+    it (`sglang serve` loads plugins before it configures logging)."""
     global _announced
     if _announced or multiprocessing.parent_process() is not None:
         return
