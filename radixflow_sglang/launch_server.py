@@ -1,8 +1,11 @@
 """`python -m radixflow_sglang.launch_server`: SGLang's HTTP server with RadixFlow's scheduler.
 
-Takes every SGLang server argument plus `--radixflow-*`. With no `--model-path` it serves the
-embedded Qwen3.5-0.8B geometry (launch/models, dummy weights, offline tokenizer). Flags reach
-the spawned scheduler processes through RADIXFLOW_* environment variables.
+Takes every SGLang server argument plus `--radixflow-*` (built from config.py's SETTINGS; each
+RADIXFLOW_* variable stands in for its absent flag). With no `--model-path` it serves the
+embedded Qwen3.5-0.8B geometry (launch/models, dummy weights, offline tokenizer). The checked
+config reaches the spawned scheduler processes through the RADIXFLOW_* variables; the request
+checks (adapter/validate.py) are installed here, in the process that runs SGLang's tokenizer
+manager, for every policy. `--help` prints the RadixFlow flags before importing SGLang.
 """
 
 from __future__ import annotations
