@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from radixflow_sglang.config import RadixFlowConfig  # noqa: F401  (re-export, moved there)
 from radixflow_sglang.core.admission import Agreement, Gate, local_agreement
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
-from radixflow_sglang.core.policy import PolicySpec, policy_spec
 from radixflow_sglang.core.producers import Producer
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
@@ -33,20 +33,6 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
-
-
-@dataclass(frozen=True)
-class RadixFlowConfig:
-    policy: str = "radixflow"
-    admission_ms: float | None = None
-    theta: int | None = None  # min ready-prefix gain worth a wait; default max(G, 64)
-    park_margin: int = 1  # rounds beyond the publish lag a request may stay parked
-    frag_cap: int = 2  # rounds a request may be deferred by the fragmentation guard
-    trace: str | None = None  # JSONL path for per-round and per-request events
-
-    @property
-    def spec(self) -> PolicySpec:
-        return policy_spec(self.policy, self.admission_ms)
 
 
 def namespace(req: Req) -> tuple:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from radixflow_sglang.config import RadixFlowConfig, config_from_env
 
 from . import check_sglang_version
 
@@ -13,39 +13,8 @@ from sglang.srt.managers.scheduler import NextBatchPlan, Scheduler  # noqa: E402
 from .admission import scheduler_sleep  # noqa: E402
 from .agreement import scheduler_agreement  # noqa: E402
 from .metrics import scheduler_metrics  # noqa: E402
-from .runtime import RadixFlowConfig, RadixFlowRuntime  # noqa: E402
+from .runtime import RadixFlowRuntime  # noqa: E402
 from .scan import get_new_batch_prefill_raw  # noqa: E402
-
-ENV_PREFIX = "RADIXFLOW_"
-
-
-def _env_number(env, name: str, kind: type, default, low: float, high: float):
-    text = env.get(ENV_PREFIX + name)
-    if not text:
-        return default
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name}={text!r}: not a {kind.__name__}") from None
-    if not low <= value <= high:
-        raise ValueError(f"{ENV_PREFIX}{name}={text!r}: outside [{low:g}, {high:g}]")
-    return value
-
-
-def config_from_env(env: dict[str, str] | None = None) -> RadixFlowConfig:
-    """The launcher passes its flags to spawned scheduler processes through the environment;
-    the plugin reads the same variables. Bad values fail at start-up, naming the variable."""
-    env = os.environ if env is None else env
-    cfg = RadixFlowConfig(
-        policy=env.get(ENV_PREFIX + "POLICY", "radixflow"),
-        admission_ms=_env_number(env, "ADMISSION_MS", float, None, 0, 1000),
-        theta=_env_number(env, "THETA", int, None, 1, 1 << 20),
-        park_margin=_env_number(env, "PARK_MARGIN", int, 1, 0, 1000),
-        frag_cap=_env_number(env, "FRAG_CAP", int, 2, 0, 1000),
-        trace=env.get(ENV_PREFIX + "TRACE") or None,
-    )
-    _ = cfg.spec  # NOTE: validates the policy name (the error names the flag and the choices)
-    return cfg
 
 
 class RadixFlowScheduler(Scheduler):
