@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from radixflow_sglang.testing.kit import Kit, KitConfig  # noqa: E402
+from radixflow_sglang.testing.kit import Kit, KitConfig
 
 
 def queue(kit: Kit, n: int, shared: bool, seed: int) -> list:

@@ -44,12 +44,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
-
-from eval.client import read_jsonl  # noqa: E402
-from eval.costmodel import CostModel, fit  # noqa: E402
+from eval.client import read_jsonl
+from eval.costmodel import CostModel, fit
 
 Event = Mapping[str, Any]
 

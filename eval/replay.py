@@ -16,16 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
-
-from eval import cli  # noqa: E402
-from radixflow_sglang.core.policy import POLICIES  # noqa: E402
+from eval import cli
+from radixflow_sglang import models
+from radixflow_sglang.core.policy import POLICIES
 
 WORKLOAD_CHOICES = ("race", "quality", "mix", "synthetic")
-MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b",
-                 "qwen3-8b")
+MODEL_CHOICES = tuple(models.names())
 REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
 ORDER_CHOICES = ("forward", "reverse", "both")
 LAYOUT_CHOICES = ("extra_buffer", "no_buffer")

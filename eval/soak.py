@@ -46,16 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
+from eval import cli
+from radixflow_sglang import models
+from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang.testing.harness import Harness, VirtualClock, mamba_slots_for
 
-from eval import cli  # noqa: E402
-from radixflow_sglang.core.policy import POLICIES  # noqa: E402
-from radixflow_sglang.testing.harness import Harness, VirtualClock, mamba_slots_for  # noqa: E402
-
-MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b",
-                 "qwen3-8b")
+MODEL_CHOICES = tuple(models.names())
 LAYOUT_CHOICES = ("extra_buffer", "no_buffer")
 IDLE_TICK_S = 5e-4  # virtual time a scan that launches nothing and sleeps nothing takes
 SOAK_KEYS = (

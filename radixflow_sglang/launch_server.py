@@ -1,23 +1,21 @@
 """`python -m radixflow_sglang.launch_server`: SGLang's HTTP server with RadixFlow's scheduler.
 
 Takes every SGLang server argument plus `--radixflow-*`. With no `--model-path` it serves the
-embedded Qwen3.5-0.8B geometry (launch/models, dummy weights, offline tokenizer). Flags reach
+embedded default model (radixflow_sglang/models.py, dummy weights, offline tokenizer). Flags reach
 the spawned scheduler processes through RADIXFLOW_* environment variables.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
 from pathlib import Path
 
+from radixflow_sglang import models
 from radixflow_sglang.core.policy import POLICIES
 
-REPO = Path(__file__).resolve().parent.parent
-EMBEDDED_MODEL = REPO / "launch" / "models" / "qwen3.5-0.8b"
 EXECUTORS = ("model", "simulated")
 logger = logging.getLogger("radixflow")
 
@@ -98,19 +96,10 @@ def has_model_arg(rest: list[str]) -> bool:
 
 
 def embedded_args() -> list[str]:
-    _ensure_tokenizer(EMBEDDED_MODEL)
-    return ["--model-path", str(EMBEDDED_MODEL), "--load-format", "dummy",
-            "--context-length", "32768", "--max-running-requests", "16",
-            "--chunked-prefill-size", "8192", "--max-prefill-tokens", "8192"]
+    from radixflow_sglang.tokenizer import served_model_dir
 
-
-def _ensure_tokenizer(model_dir: Path) -> None:
-    spec = importlib.util.spec_from_file_location("rf_build_tokenizer",
-                                                  REPO / "launch" / "build_tokenizer.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # NOTE: its dataclasses look their module up while building
-    spec.loader.exec_module(mod)
-    mod.ensure_tokenizer(model_dir)
+    return ["--model-path", str(served_model_dir(models.DEFAULT)), "--load-format", "dummy",
+            "--context-length", str(models.CONTEXT_LENGTH), *models.budget_args(models.DEFAULT)]
 
 
 def gpu_available() -> bool:
@@ -147,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[radixflow] %(message)s")
     ns, rest = parse(sys.argv[1:] if argv is None else argv)
     if not has_model_arg(rest):
-        logger.info("no --model-path: serving the embedded Qwen3.5-0.8B geometry (dummy weights)")
+        logger.info("no --model-path: serving the embedded %s geometry (dummy weights)",
+                    models.DEFAULT)
         rest = embedded_args() + rest
     executor = ns.radixflow_executor or ("model" if gpu_available() else "simulated")
     if executor == "simulated":
