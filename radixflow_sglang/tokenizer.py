@@ -299,7 +299,7 @@ def ensure_tokenizer(model_dir: str | os.PathLike[str]) -> None:
 
 
 def tiktoken_encoding(spec: TokenizerSpec) -> object:
-    """The reference encoder: tiktoken with the same ranks and added tokens."""
+    """tiktoken with the served tokenizer's ranks and added tokens (tests' reference, workload)."""
     import tiktoken
 
     ranks = load_ranks(spec)
