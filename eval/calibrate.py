@@ -1,6 +1,6 @@
 """Fit the twin's cost model (alpha, beta, gamma) from a server's --radixflow-trace JSONL.
 
-    python eval/calibrate.py OUT/arm-radixflow/trace.jsonl [--overlap] [--json]
+    python -m eval.calibrate OUT/arm-radixflow/trace.jsonl [--overlap] [--json]
 
 eval/costmodel.py's `fit` needs forward records {rows, scheduled_tokens, duration_s}. A round
 event that carries `duration_s` (a future trace with forward timings) is used as is. The
@@ -112,7 +112,8 @@ def _check_identifiable(recs: Sequence[Mapping[str, Any]], cost: CostModel) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="eval/calibrate.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eval.calibrate",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("trace", type=Path)
     p.add_argument("--overlap", action="store_true",
                    help="the trace is from an overlap-scheduled server")
