@@ -425,3 +425,17 @@ def test_a_new_model_replays_in_the_twin(fake_model, tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["config"]["model"] == FAKE.name
     assert summary["arms"]["stock"]["rounds"] > 0
+
+
+def test_the_launchers_embedded_default_comes_from_the_catalog(monkeypatch):
+    from radixflow_sglang import launch_server
+
+    monkeypatch.setattr(bt, "served_model_dir", lambda name: Path("/served") / name)
+    argv = launch_server.embedded_args()
+    default = models.get(models.DEFAULT)
+    assert _flag(argv, "--model-path") == str(Path("/served") / models.DEFAULT)
+    assert _flag(argv, "--max-running-requests") == str(default.rows)
+    assert _flag(argv, "--max-prefill-tokens") == _flag(argv, "--chunked-prefill-size") == str(
+        models.TOKENS)
+    assert _flag(argv, "--context-length") == str(models.CONTEXT_LENGTH)
+    assert _flag(argv, "--load-format") == "dummy"
