@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixflow_sglang import models
+from radixflow_sglang.geometry import FLA_CHUNK, NEMOTRON_DEFAULT_CHUNK
 
 DEFAULT_OUT = models.MODEL_DIRS
 TOKEN_BUDGET_T = models.TOKENS
-# FLA's GDN chunk kernel length; SGLang falls back to it when a config has no
-# `mamba_chunk_size` (sglang/srt/arg_groups/overrides.py::mamba_cache_chunk_size).
-FLA_CHUNK_SIZE = 64
-# SGLang's NemotronHConfig default when neither `mamba_chunk_size` nor `chunk_size` is set.
-SGLANG_NEMOTRON_DEFAULT_CHUNK = 256
+# The grid fallbacks SGLang applies (arg_groups/overrides.py::mamba_cache_chunk_size and
+# NemotronHConfig): one home, geometry.py.
+FLA_CHUNK_SIZE = FLA_CHUNK
+SGLANG_NEMOTRON_DEFAULT_CHUNK = NEMOTRON_DEFAULT_CHUNK
 
 
 def catalog() -> list[models.Model]:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from radixflow_sglang import models
 
-FLA_CHUNK = 64
+FLA_CHUNK = 64  # FLA's GDN chunk: SGLang's grid when a config has no mamba_chunk_size
+NEMOTRON_DEFAULT_CHUNK = 256  # SGLang's NemotronHConfig default without (mamba_)chunk_size
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def geometry_from_config(name: str, cfg: dict) -> Geometry:
         full = tuple(i for i, c in enumerate(pattern) if c == "*")
         mamba = [i for i, c in enumerate(pattern) if c == "M"]
         heads, hd, st = t["mamba_num_heads"], t["mamba_head_dim"], t["ssm_state_size"]
-        grid = t.get("mamba_chunk_size") or t.get("chunk_size") or 256
+        grid = t.get("mamba_chunk_size") or t.get("chunk_size") or NEMOTRON_DEFAULT_CHUNK
         state = len(mamba) * heads * hd * st * 4
         kv = 2 * len(full) * t["num_key_value_heads"] * t["head_dim"] * 2
         return Geometry(name, "mamba2", len(pattern), full, grid, state, kv,
