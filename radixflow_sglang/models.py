@@ -52,6 +52,12 @@ class Model:
     def dir(self) -> Path:
         return model_dir(self.name)
 
+    @property
+    def text_only(self) -> bool:
+        """The checkpoint is a VLM served text-only (its dummy config says so): real weights
+        need `--json-model-override-args '{"language_model_only": true}'`."""
+        return bool(config(self.name).get("language_model_only", False))
+
 
 CATALOG: dict[str, Model] = {m.name: m for m in (
     Model("qwen3.5-0.8b", "Qwen/Qwen3.5-0.8B", "qwen3.5-0.8b.json", 16, 0.8e9, "qwen3_5"),
@@ -108,12 +114,13 @@ def budget_args(name: str) -> list[str]:
 
 # --------------------------------------------------------------------------- CLI (shell scripts)
 
-FIELDS = ("name", "title", "reference", "rows", "tokens", "context", "params", "tokenizer", "dir")
+FIELDS = ("name", "title", "reference", "rows", "tokens", "context", "params", "tokenizer",
+          "text_only", "dir")
 
 
 def _field(m: Model, key: str) -> str:
     value = getattr(m, key)
-    return str(int(value)) if key == "params" else str(value)
+    return str(int(value)) if key in ("params", "text_only") else str(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -333,6 +333,8 @@ def test_serve_script_real_weights():
     assert _flag(argv, "--model-path") == "/w/Qwen3.5-27B"
     assert "--load-format" not in argv
     assert json.loads(_flag(argv, "--json-model-override-args")) == {"language_model_only": True}
+    argv = _dry_run("serve.sh", "qwen3-8b", "radixflow", MODEL_PATH="/w/Qwen3-8B")
+    assert "--json-model-override-args" not in argv  # not a VLM: nothing to turn off
 
 
 def test_serve_script_rejects_unknown_model():

@@ -20,8 +20,8 @@
 # Random weights emit random tokens: benchmark with ignore_eos (bench_serving's default).
 #
 # Environment:
-#   MODEL_PATH      serve real weights from this directory instead (no dummy load; Qwen3.5
-#                   is kept text-only with --json-model-override-args language_model_only)
+#   MODEL_PATH      serve real weights from this directory instead (no dummy load; a VLM
+#                   such as Qwen3.5 is kept text-only: --json-model-override-args)
 #   CONTEXT_LENGTH  default 32768 (catalog)  HOST / PORT  default 127.0.0.1 / 30000
 #   PYTHON          default .venv/bin/python (else python3)
 #   DRY_RUN=1       print the command instead of running it (no tokenizer build either)
@@ -39,18 +39,19 @@ PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 
 # The catalog is the one home of S and T (and of the model dir).
-if ! facts=$("$PY" -m radixflow_sglang.models get "$MODEL" rows tokens context dir); then
+if ! facts=$("$PY" -m radixflow_sglang.models get "$MODEL" rows tokens context text_only dir); then
   echo "serve.sh: unknown model '$MODEL' (python -m radixflow_sglang.models names)" >&2
   exit 2
 fi
-read -r ROWS_S TOKENS_T CONTEXT dir <<<"$facts"
+read -r ROWS_S TOKENS_T CONTEXT TEXT_ONLY dir <<<"$facts"
 
 if [ -n "${MODEL_PATH:-}" ]; then
   model_args=(--model-path "$MODEL_PATH")
-  case "$MODEL" in
-    # The real Qwen3.5 checkpoint is a VLM; without this SGLang builds the vision tower.
-    qwen3.5-*) model_args+=(--json-model-override-args '{"language_model_only": true}') ;;
-  esac
+  # A VLM checkpoint served text-only (the catalog reads it from the model's config.json);
+  # without this SGLang builds the vision tower.
+  if [ "$TEXT_ONLY" = 1 ]; then
+    model_args+=(--json-model-override-args '{"language_model_only": true}')
+  fi
 else
   if [ "${DRY_RUN:-0}" != 1 ]; then
     dir=$("$PY" -m radixflow_sglang.tokenizer --serve "$MODEL")
