@@ -24,8 +24,9 @@ So
     P_tok = P_total - n_tables * vocab * hidden      (n_tables = 1 if tied, else 2)
     beta  = 2 * P_tok / (790e12 * 0.5)
 
-with P_total from a table of published parameter counts (PARAMS; vocab/hidden/tying read from
-the model's config.json). Example, qwen3.5-4b: P_tok = 4e9 - 248,320 * 2,560 = 3.36e9, beta =
+with P_total the published parameter count (the catalog, radixflow_sglang/models.py;
+vocab/hidden/tying read from the model's config.json). Example, qwen3.5-4b: P_tok = 4e9 -
+248,320 * 2,560 = 3.36e9, beta =
 1.70e-5 s/token, i.e. a full T = 8,192-token round computes for ~139 ms. The recurrent (gated
 delta net / Mamba2) mixers' own state-update FLOPs are ~1 % of the matmul FLOPs for these
 shapes and are ignored.
@@ -66,7 +67,8 @@ from pathlib import Path
 
 import numpy as np
 
-from radixflow_sglang.geometry import MODELS_DIR, load_geometry
+from radixflow_sglang import models
+from radixflow_sglang.geometry import load_geometry
 
 PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, see docstring)
 MFU = 0.5  # prefill model FLOP utilisation (assumption)
@@ -74,15 +76,6 @@ HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e bandwidth
 ALPHA_S = 8e-3  # fixed per-forward overhead (assumption)
 ROW_OVERHEAD_S = 1e-4  # per-row bookkeeping (assumption)
 
-# Published total parameter counts (embedding included), by model directory name.
-PARAMS = {
-    "qwen3.5-0.8b": 0.8e9,
-    "qwen3.5-4b": 4e9,
-    "qwen3.5-9b": 9e9,
-    "qwen3.5-27b": 27e9,
-    "nemotron-9b": 9e9,
-    "qwen3-8b": 8e9,
-}
 
 
 @dataclass(frozen=True)
@@ -109,21 +102,16 @@ def attn_pairs(extend: Mapping[str, int], prefix: Mapping[str, int]) -> float:
     return float(sum(e * (prefix[r] + e / 2) for r, e in extend.items()))
 
 
-def _text_config(model: str) -> dict:
-    cfg = json.loads((MODELS_DIR / model / "config.json").read_text())
-    return cfg.get("text_config", cfg)
-
-
 def default_cost(model: str, *, attention: bool = True) -> CostModel:
     """The first-principles defaults of the module docstring for a model directory name."""
-    if model not in PARAMS:
-        raise ValueError(f"no parameter count for {model!r}; known: {', '.join(PARAMS)}")
+    if model not in models.CATALOG:
+        raise ValueError(f"no parameter count for {model!r}; known: {', '.join(models.names())}")
     geo = load_geometry(model)
-    t = _text_config(model)
+    t = models.text_config(model)
     vocab, hidden = t["vocab_size"], t["hidden_size"]
     tables = 1 if t.get("tie_word_embeddings", False) else 2
     flops_per_s = PEAK_FLOPS * MFU
-    p_tok = PARAMS[model] - tables * vocab * hidden
+    p_tok = models.get(model).params - tables * vocab * hidden
     beta = 2 * p_tok / flops_per_s
     gamma = ROW_OVERHEAD_S + 2 * vocab * hidden / flops_per_s
     if geo.hybrid:

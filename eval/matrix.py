@@ -1,6 +1,6 @@
 """The matrix: stock vs the RadixFlow variants over geometries, round costs, loads and layouts.
 
-    python eval/matrix.py --out DIR [--quick] [--policies stock,radixflow-always,radixflow]
+    python -m eval.matrix --out DIR [--quick] [--policies stock,radixflow-always,radixflow]
         [--questions 4] [--workers 2] [--host-cost model]
 
 Every cell replays one workload through the scheduler twin (eval/twin.py, the fair twin: the
@@ -39,15 +39,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
+from eval import cli
+from eval.hostcost import HOST_CHOICES
+from radixflow_sglang import models
+from radixflow_sglang.core.policy import POLICIES
 
-from eval import cli  # noqa: E402
-from eval.hostcost import HOST_CHOICES  # noqa: E402
-from radixflow_sglang.core.policy import POLICIES  # noqa: E402
-
-MODELS = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b", "qwen3-8b")
+MODELS = tuple(models.names())
 ALPHAS_MS = (8.0, 25.0, 50.0, 100.0, 200.0)
 RATES = (1.5, 5.0, 10.0)
 WORKLOADS = ("race", "quality", "mix")
@@ -270,7 +267,7 @@ def _list(kind: type, allowed: Sequence[Any] | None = None):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eval/matrix.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m eval.matrix", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--quick", action="store_true", help="a small matrix (a few minutes)")

@@ -1,6 +1,6 @@
 """Replay the four-branch workload through the scheduler twin and write a report.
 
-    python eval/replay.py --workload mix --model qwen3.5-4b --policies stock,radix,traversal \\
+    python -m eval.replay --workload mix --model qwen3.5-4b --policies stock,radix,traversal \\
         --regime all --order both --rate 5 --questions 200 --seed 0 --out out/mix-4b
 
 Each policy is one arm: a fresh kit (SGLang's real scheduler on CPU) replays every segment in
@@ -16,17 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
-
-from eval import cli  # noqa: E402
-from eval.hostcost import HOST_CHOICES  # noqa: E402
-from radixflow_sglang.core.policy import POLICIES  # noqa: E402
+from eval import cli
+from eval.hostcost import HOST_CHOICES
+from radixflow_sglang import models
+from radixflow_sglang.core.policy import POLICIES
 
 WORKLOAD_CHOICES = ("race", "quality", "mix", "synthetic")
-MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b",
-                 "qwen3-8b")
+MODEL_CHOICES = tuple(models.names())
 REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
 ORDER_CHOICES = ("forward", "reverse", "both")
 LAYOUT_CHOICES = ("extra_buffer", "no_buffer")
@@ -55,7 +51,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="eval/replay.py", description=__doc__.split("\n\n")[0],
+        prog="python -m eval.replay", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mix")
     p.add_argument("--model", choices=MODEL_CHOICES, default="qwen3.5-4b")

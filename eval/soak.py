@@ -1,6 +1,6 @@
 """Soak: thousands of requests per policy through SGLang's real scan on the CPU kit.
 
-    python eval/soak.py --requests 10000 --out out/soak [--policies stock,radix,...]
+    python -m eval.soak --requests 10000 --out out/soak [--policies stock,radix,...]
         [--model qwen3.5-4b] [--layout extra_buffer] [--seed 0] [--overlap]
 
 For each policy a fresh `Kit` (SGLang 0.5.23's pools, UnifiedRadixCache, Req and prefill scan,
@@ -45,17 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
+from eval import cli
+from radixflow_sglang import models
+from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang.testing.harness import Harness, VirtualClock, mamba_slots_for
+from radixflow_sglang.testing.loop import VirtualLoop
 
-from eval import cli  # noqa: E402
-from radixflow_sglang.core.policy import POLICIES  # noqa: E402
-from radixflow_sglang.testing.harness import Harness, VirtualClock, mamba_slots_for  # noqa: E402
-from radixflow_sglang.testing.loop import VirtualLoop  # noqa: E402
-
-MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b",
-                 "qwen3-8b")
+MODEL_CHOICES = tuple(models.names())
 LAYOUT_CHOICES = ("extra_buffer", "no_buffer")
 SOAK_KEYS = (
     "requests", "completed", "aborted", "leaked_kv_slots", "leaked_mamba_slots",
@@ -268,7 +264,7 @@ def _fraction(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eval/soak.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m eval.soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=cli.positive(int, "an integer"), default=10_000)
     p.add_argument("--out", required=True, help="output directory (writes DIR/soak.json)")

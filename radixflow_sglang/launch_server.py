@@ -2,7 +2,7 @@
 
 Takes every SGLang server argument plus `--radixflow-*` (built from config.py's SETTINGS; each
 RADIXFLOW_* variable stands in for its absent flag). With no `--model-path` it serves the
-embedded Qwen3.5-0.8B geometry (launch/models, dummy weights, offline tokenizer). The checked
+embedded default model (radixflow_sglang/models.py, dummy weights, offline tokenizer). The checked
 config reaches the spawned scheduler processes through the RADIXFLOW_* variables; the request
 checks (adapter/validate.py) are installed here, in the process that runs SGLang's tokenizer
 manager, for every policy. `--help` prints the RadixFlow flags before importing SGLang.
@@ -11,7 +11,6 @@ manager, for every policy. `--help` prints the RadixFlow flags before importing 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixflow_sglang import models
 from radixflow_sglang.config import (
     BY_FIELD,
     ENV_PREFIX,
@@ -33,8 +33,6 @@ from radixflow_sglang.config import (
     env_texts,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-EMBEDDED_MODEL = REPO / "launch" / "models" / "qwen3.5-0.8b"
 PROG = "python -m radixflow_sglang.launch_server"
 logger = logging.getLogger("radixflow")
 
@@ -138,19 +136,10 @@ def has_model_arg(rest: list[str]) -> bool:
 
 
 def embedded_args() -> list[str]:
-    _ensure_tokenizer(EMBEDDED_MODEL)
-    return ["--model-path", str(EMBEDDED_MODEL), "--load-format", "dummy",
-            "--context-length", "32768", "--max-running-requests", "16",
-            "--chunked-prefill-size", "8192", "--max-prefill-tokens", "8192"]
+    from radixflow_sglang.tokenizer import served_model_dir
 
-
-def _ensure_tokenizer(model_dir: Path) -> None:
-    spec = importlib.util.spec_from_file_location("rf_build_tokenizer",
-                                                  REPO / "launch" / "build_tokenizer.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # NOTE: its dataclasses look their module up while building
-    spec.loader.exec_module(mod)
-    mod.ensure_tokenizer(model_dir)
+    return ["--model-path", str(served_model_dir(models.DEFAULT)), "--load-format", "dummy",
+            "--context-length", str(models.CONTEXT_LENGTH), *models.budget_args(models.DEFAULT)]
 
 
 def gpu_available() -> bool:
@@ -195,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         if source.startswith(ENV_PREFIX):
             logger.info("%s from %s", BY_FIELD[field].flag, source)
     if not has_model_arg(rest):
-        logger.info("no --model-path: serving the embedded Qwen3.5-0.8B geometry (dummy weights)")
+        logger.info("no --model-path: serving the embedded %s geometry (dummy weights)",
+                    models.DEFAULT)
         rest = embedded_args() + rest
     executor = launch.executor or ("model" if gpu_available() else "simulated")
     if executor == "simulated":

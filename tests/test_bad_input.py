@@ -193,7 +193,7 @@ def test_unknown_policy_is_a_failed_twin_arm_not_a_crash() -> None:
 
 
 def test_replay_cli_rejects_an_unknown_policy_with_exit_2() -> None:
-    r = subprocess.run([sys.executable, "eval/replay.py", "--policies", "stock,nope"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "eval.replay", "--policies", "stock,nope"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "argument --policies: invalid choice: 'nope' (choose from stock," in r.stderr

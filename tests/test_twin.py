@@ -9,6 +9,7 @@ import pytest
 
 from eval import costmodel, report, twin
 from eval.workload import Segment, arrange, offered_trace, synthetic
+from radixflow_sglang import models
 
 MODEL = "qwen3.5-4b"
 
@@ -140,7 +141,7 @@ def test_failing_policy_is_a_failed_arm(monkeypatch, segs):
 
 
 def test_cost_model_defaults_and_fit(tmp_path):
-    for m in costmodel.PARAMS:
+    for m in models.names():
         c = costmodel.default_cost(m)
         assert c.alpha > 0 and c.beta > 0 and c.gamma > 0 and c.delta > 0
     c4 = costmodel.default_cost(MODEL)
