@@ -266,8 +266,7 @@ def test_kit_short_document_under_a_large_fixed_cost(make_kit, policy, parks):
 
 @pytest.mark.parametrize("policy", ["traversal", "traversal-always", "radixflow"])
 def test_kit_nothing_parks_when_the_cache_shares_nothing(make_kit, policy):
-    k = make_kit("qwen3.5-4b", "extra_buffer", policy)
-    k.pools.cache.disable = True  # what --disable-radix-cache builds (CacheInitParams.disable)
+    k = make_kit("qwen3.5-4b", "extra_buffer", policy, disable_radix_cache=True)
     branches(k, 4000)
     k.drain()
     assert k.runtime.totals.blocked == 0 and k.runtime.totals.recomputed == 0
