@@ -329,13 +329,12 @@ def test_forward_timer_reads_a_real_batch_and_result(make_kit):
 
 @pytest.mark.parametrize("model", ["qwen3.5-0.8b", "qwen3.5-4b", "nemotron-9b", "qwen3-8b"])
 def test_server_prior_from_the_served_config_is_near_the_twin_default(model):
-    import json
 
     from eval.costmodel import default_cost
+    from radixflow_sglang import models
     from radixflow_sglang.adapter.costprior import prior_from_config
-    from radixflow_sglang.geometry import MODELS_DIR
 
-    cfg = json.loads((MODELS_DIR / model / "config.json").read_text())
+    cfg = models.config(model)
     est, ref = prior_from_config(cfg, name=model), default_cost(model)
     # NOTE: the parameter count is estimated from the config's layer shapes (within 6 % of the
     # published totals of the committed geometries)
@@ -346,9 +345,9 @@ def test_server_prior_from_the_served_config_is_near_the_twin_default(model):
 
 
 def ref_params(model: str) -> float:
-    from eval.costmodel import PARAMS
+    from radixflow_sglang import models
 
-    return PARAMS[model]
+    return models.get(model).params
 
 
 def test_a_no_buffer_cut_charges_the_producers_delay_unless_queued_work_backfills_it():
@@ -386,10 +385,10 @@ def test_server_prior_reads_the_hf_config_object_sglang_holds(model):
     from transformers import AutoConfig
 
     from eval.costmodel import default_cost
+    from radixflow_sglang import models
     from radixflow_sglang.adapter.costprior import scheduler_prior
-    from radixflow_sglang.geometry import MODELS_DIR
 
-    hf = AutoConfig.from_pretrained(str(MODELS_DIR / model))  # ModelConfig.hf_config's class
+    hf = AutoConfig.from_pretrained(str(models.model_dir(model)))  # ModelConfig.hf_config's class
     sched = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf, model_path=model),
                             tp_worker=None)
     prior = scheduler_prior(sched)
