@@ -87,6 +87,16 @@ class Server:
                 return
             time.sleep(1.0)
 
+    def wait_healthy(self, timeout: float) -> None:
+        """/health answers 200 (a process without SGLang's ready line, e.g. the router)."""
+        deadline = time.monotonic() + timeout
+        while not self._healthy():
+            self.check_alive("during start-up")
+            if time.monotonic() > deadline:
+                raise ServerError(f"no healthy answer after {timeout:.0f} s; log tail:\n"
+                                  + self.tail())
+            time.sleep(1.0)
+
     def _healthy(self) -> bool:
         try:
             with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
