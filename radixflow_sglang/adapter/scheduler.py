@@ -11,7 +11,7 @@ check_sglang_version()
 from sglang.srt.managers.scheduler import NextBatchPlan, Scheduler  # noqa: E402
 
 from .agreement import scheduler_agreement  # noqa: E402
-from .metrics import scheduler_metrics  # noqa: E402
+from .metrics import dp_rank_of, scheduler_metrics  # noqa: E402
 from .runtime import RadixFlowConfig, RadixFlowRuntime  # noqa: E402
 from .scan import get_new_batch_prefill_raw  # noqa: E402
 
@@ -58,13 +58,16 @@ class RadixFlowScheduler(Scheduler):
             self._radixflow = RadixFlowRuntime.for_scheduler(self, cfg)
             self._radixflow.agreement = scheduler_agreement(self)
             self._radixflow.metrics = scheduler_metrics(self, cfg.policy)
+            self._radixflow.dp_rank = dp_rank_of(self)  # NOTE: DP ranks share one trace file
         return self._radixflow
 
     _get_new_batch_prefill_raw = get_new_batch_prefill_raw
 
     def get_internal_state(self, recv_req):
         out = super().get_internal_state(recv_req)
-        out.internal_state["radixflow"] = self.radixflow.summary()  # shown by /server_info
+        # NOTE: with DP, /server_info lists ranks in answer order: the rank says whose it is
+        out.internal_state["radixflow"] = {"dp_rank": dp_rank_of(self) or 0,
+                                           **self.radixflow.summary()}
         return out
 
     def get_new_batch_prefill(self, running_batch):

@@ -40,7 +40,9 @@ class ForwardGate:
 
     def __init__(self, directory: Path, scheduler: Any) -> None:
         self.dir, self.scheduler, self.forwards = directory, scheduler, 0
-        rank = getattr(scheduler, "dp_rank", None) or 0
+        from radixflow_sglang.adapter.metrics import dp_rank_of
+
+        rank = dp_rank_of(scheduler) or 0
         self.state_path = directory / f"state-{rank}.json"
 
     @classmethod
