@@ -174,5 +174,5 @@ def test_abort_while_parked_leaks_nothing(server):
 
 def test_server_shuts_down_cleanly(server):
     os.killpg(server.proc.pid, signal.SIGTERM)
-    assert server.proc.wait(timeout=60) is not None
+    assert server.proc.wait(timeout=120) is not None  # NOTE: a hang bound
     assert "Traceback" not in server.log.read_text()
