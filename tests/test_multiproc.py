@@ -13,9 +13,21 @@ import pytest
 from eval import multiproc
 from radixflow_sglang.testing.server import Server, free_port
 
-pytestmark = pytest.mark.slow
-
 QUESTIONS = 4
+
+
+@pytest.mark.parametrize("cores, ranks, want", [({0, 1}, 2, "0|1"), ({0, 1, 2, 3}, 2, "0,1|2,3"),
+                                                ({5}, 2, "5|5")])
+def test_omp_bind_gives_each_rank_its_cores(monkeypatch, cores, ranks, want):
+    monkeypatch.setattr(multiproc.os, "sched_getaffinity", lambda _pid: cores)
+    assert multiproc.omp_bind(ranks) == want
+
+
+def test_sibling_check_names_split_and_unknown_questions():
+    recs = [multiproc.Record(f"q{q}-{x}", q) for q in range(3) for x in "AB"]
+    where = {"q0-A": 0, "q0-B": 0, "q1-A": 0, "q1-B": 1, "q2-A": 1}
+    got = multiproc.group_checks(multiproc.Load(recs), where)
+    assert got == {"questions": 3, "split_or_unknown": {1: ["0", "1"], 2: ["1", "None"]}}
 
 
 def _by_rank(states: list[dict]) -> dict[int, dict]:
@@ -23,6 +35,7 @@ def _by_rank(states: list[dict]) -> dict[int, dict]:
     return {s["dp_rank"]: s for s in states}
 
 
+@pytest.mark.slow
 def test_dp2_siblings_stay_on_their_rank_and_counters_add_up(tmp_path):
     port, trace = free_port(), tmp_path / "trace.jsonl"
     cmd = multiproc.server_cmd(port, trace, ["--dp-size", "2"])
