@@ -7,6 +7,8 @@ The router case (two replicas behind `sglang-router`) is an eval command, eval/m
 from __future__ import annotations
 
 import json
+import re
+import urllib.request
 
 import pytest
 
@@ -38,7 +40,7 @@ def _by_rank(states: list[dict]) -> dict[int, dict]:
 @pytest.mark.slow
 def test_dp2_siblings_stay_on_their_rank_and_counters_add_up(tmp_path):
     port, trace = free_port(), tmp_path / "trace.jsonl"
-    cmd = multiproc.server_cmd(port, trace, ["--dp-size", "2"])
+    cmd = multiproc.server_cmd(port, trace, ["--dp-size", "2", "--enable-metrics"])
     with Server(cmd, multiproc.server_env(2), tmp_path / "server.log", port,
                 cwd=multiproc.ROOT) as srv:
         srv.wait_ready(600)
@@ -47,6 +49,8 @@ def test_dp2_siblings_stay_on_their_rank_and_counters_add_up(tmp_path):
                                    timeout=300, pin=2)
         srv.idle_leak_check()  # both ranks' strict idle memory checks ran and passed
         after = _by_rank(multiproc.radixflow_states(srv.base))
+        with urllib.request.urlopen(srv.base + "/metrics", timeout=60) as r:
+            metrics = r.read().decode()
     assert set(before) == set(after) == {0, 1}
     recs = load.records
     assert len(recs) == 4 * QUESTIONS
@@ -60,6 +64,9 @@ def test_dp2_siblings_stay_on_their_rank_and_counters_add_up(tmp_path):
         rounds = [e for e in events if e["event"] == "round" and e["dp_rank"] == rank]
         for key in ("scheduled_tokens", "blocked"):  # the rank's counters = its trace
             assert after[rank][key] == sum(e[key] for e in rounds), (rank, key)
+        # Prometheus: one series per rank (not every rank's samples under dp_rank="0")
+        assert re.search(rf'radixflow_rounds_total{{[^}}]*dp_rank="{rank}"[^}}]*}} '
+                         rf'{float(sum(1 for e in rounds if e["rows"]))}', metrics), rank
         mine = [r for r in recs if r.dp_rank == rank]
         # every prompt token of this rank's requests was scheduled on it unless reused there
         # (>=: SGLang's /health may add a 1-token request of its own)

@@ -41,7 +41,7 @@ def server(tmp_path_factory):
            "--radixflow-admission-ms", "50",
            "--radixflow-trace", str(tmp / "trace.jsonl")]
     with Server(cmd, env, log, port, cwd=ROOT) as srv:  # NOTE: eval/run_arms.py's server handling
-        srv.wait_ready(300)
+        srv.wait_ready(600)  # NOTE: a hang bound
         gate = GateControl(tmp / "gate", alive=lambda: srv.check_alive("while a test waits"))
         yield SimpleNamespace(base=srv.base, proc=srv.proc, log=log, trace=tmp / "trace.jsonl",
                               gate=gate, srv=srv)
