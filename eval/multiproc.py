@@ -16,7 +16,7 @@ with a `rid`) runs through the front door; then the run checks
     PYTHONPATH=$PWD .venv/bin/python eval/multiproc.py router --out runs/multiproc-router
 
 DP ranks on CPU need SGLANG_CPU_OMP_THREADS_BIND (one entry per rank: SGLang's numa check);
-the script sets it from the cores it may use when unset. Exit status 1 when a check fails.
+the launcher sets it from the cores it may use when unset. Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -43,16 +43,6 @@ from radixflow_sglang.testing.server import Server, free_port, request_json  # n
 WORDS = ("fox dog river stone light cloud paper music garden window storm bridge market "
          "silver forest engine letter winter harbor candle").split()
 BRANCHES = "ABCD"
-
-
-def omp_bind(ranks: int) -> str:
-    """SGLANG_CPU_OMP_THREADS_BIND for `ranks` ranks: this process's cores split evenly."""
-    cores = sorted(os.sched_getaffinity(0))
-    if ranks > len(cores):
-        cores = cores * ranks  # NOTE: more ranks than cores: ranks share cores
-    per = len(cores) // ranks
-    parts = [cores[i * per:(i + 1) * per] for i in range(ranks)]
-    return "|".join(",".join(map(str, p)) for p in parts)
 
 
 def question_texts(q: int, doc_words: int) -> list[str]:
@@ -144,11 +134,9 @@ def server_cmd(port: int, trace: Path, extra: list[str]) -> list[str]:
             "--radixflow-trace", str(trace), *extra]
 
 
-def server_env(ranks: int) -> dict[str, str]:
+def server_env() -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    if ranks > 1:
-        env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", omp_bind(ranks))
     env.pop("RADIXFLOW_POLICY", None)
     return env
 
@@ -169,7 +157,7 @@ def run_dp(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         extra.append("--enable-dp-attention")
     result: dict[str, Any] = {"mode": "dp", "dp_size": args.dp_size,
                               "dp_attention": args.dp_attention, "pin": args.pin}
-    with Server(server_cmd(port, trace, extra), server_env(args.dp_size), out / "server.log",
+    with Server(server_cmd(port, trace, extra), server_env(), out / "server.log",
                 port, cwd=ROOT) as srv:
         t0 = time.monotonic()
         srv.wait_ready(args.start_timeout)
@@ -192,7 +180,7 @@ def run_router(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         for i in range(args.replicas):
             port = free_port()
             srv = Server(server_cmd(port, out / f"trace-{i}.jsonl", args.server_arg),
-                         server_env(1), out / f"replica-{i}.log", port, cwd=ROOT)
+                         server_env(), out / f"replica-{i}.log", port, cwd=ROOT)
             servers.append(srv.__enter__())
             names.append(srv.base)
         for srv in servers:  # NOTE: started together, waited in turn

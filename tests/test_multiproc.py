@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from eval import multiproc
+from radixflow_sglang import launch_server
 from radixflow_sglang.testing.server import Server, free_port
 
 QUESTIONS = 4
@@ -20,9 +21,9 @@ QUESTIONS = 4
 
 @pytest.mark.parametrize("cores, ranks, want", [({0, 1}, 2, "0|1"), ({0, 1, 2, 3}, 2, "0,1|2,3"),
                                                 ({5}, 2, "5|5")])
-def test_omp_bind_gives_each_rank_its_cores(monkeypatch, cores, ranks, want):
-    monkeypatch.setattr(multiproc.os, "sched_getaffinity", lambda _pid: cores)
-    assert multiproc.omp_bind(ranks) == want
+def test_cpu_rank_binding_gives_each_rank_its_cores(monkeypatch, cores, ranks, want):
+    monkeypatch.setattr(launch_server.os, "sched_getaffinity", lambda _pid: cores)
+    assert launch_server.cpu_rank_binding(ranks) == want
 
 
 def test_sibling_check_names_split_and_unknown_questions():
@@ -41,7 +42,9 @@ def _by_rank(states: list[dict]) -> dict[int, dict]:
 def test_dp2_siblings_stay_on_their_rank_and_counters_add_up(tmp_path):
     port, trace = free_port(), tmp_path / "trace.jsonl"
     cmd = multiproc.server_cmd(port, trace, ["--dp-size", "2", "--enable-metrics"])
-    with Server(cmd, multiproc.server_env(2), tmp_path / "server.log", port,
+    env = multiproc.server_env()
+    env.pop("SGLANG_CPU_OMP_THREADS_BIND", None)  # NOTE: the launcher binds the ranks itself
+    with Server(cmd, env, tmp_path / "server.log", port,
                 cwd=multiproc.ROOT) as srv:
         srv.wait_ready(600)
         before = _by_rank(multiproc.radixflow_states(srv.base))
