@@ -109,6 +109,23 @@ def send_load(base: str, questions: int, inflight: int, doc_words: int, timeout:
     return load
 
 
+def wait_routable(base: str, timeout: float) -> int:
+    """The router answers /health before its workers pass its own health checks, and until
+    then /generate fails with 503 no_available_workers: probe until one generate answers 200.
+    Returns the probes it took (each also reaches a replica, under rid mp-probe-N)."""
+    deadline = time.monotonic() + timeout
+    for n in range(1, 1 << 30):
+        body = {"text": "probe", "rid": f"mp-probe-{n}", "sampling_params": {"max_new_tokens": 1}}
+        try:
+            if request_json(base + "/generate", body, timeout=timeout)[0] == 200:
+                return n
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(1.0)  # NOTE: a poll interval while the router's health checks run
+    raise AssertionError("unreachable")
+
+
 def trace_rids(trace: Path) -> set[str]:
     if not trace.exists():
         return set()
@@ -192,6 +209,7 @@ def run_router(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                         rport, cwd=ROOT)
         with router:
             router.wait_healthy(args.start_timeout)
+            result["router_probes"] = wait_routable(router.base, args.start_timeout)
             result["start_s"] = round(time.monotonic() - t0, 1)
             load = send_load(router.base, args.questions, args.inflight, args.doc_words,
                              args.request_timeout)
