@@ -211,7 +211,7 @@ def test_run_arms_end_to_end(tmp_path):
     # arms' ratios are eval/run_arms.py's report); each arm's count must match its own records
     for name in arms:
         rows = client.read_jsonl(out / f"arm-{name}" / "requests.jsonl")
-        assert arms[name]["hit_tokens"] == sum(r["cached_tokens"] for r in rows), name
+        assert arms[name]["hit_tokens"] == sum(r.get("cached_tokens") or 0 for r in rows), name
     assert arms["radixflow"]["leaked_kv_slots"] == 0
     assert summary["audit"]["ran"]
     aud = summary["audit"]["arms"]["radixflow"]
