@@ -65,8 +65,25 @@ class RadixFlowMetrics:
             self.fit.labels(**lab, term=term).set(getattr(fit, term))
 
 
+def dp_rank_of(_sched=None) -> int | None:
+    """This scheduler process's data-parallel rank; None without DP or outside a server.
+
+    NOTE: SGLang 0.5.23's Scheduler has no `dp_rank` attribute; the rank lives in
+    runtime_context's ParallelContext (`dp_rank`: the DP controller's replica rank, None
+    without DP; `attn_dp_rank` under DP attention)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        p = get_parallel()
+        if p.dp_rank is not None:
+            return p.dp_rank
+        return p.attn_dp_rank if p.attn_dp_size > 1 else None
+    except (AttributeError, RuntimeError, ValueError):  # NOTE: no published parallel context
+        return None
+
+
 def scheduler_metrics(sched, policy: str) -> RadixFlowMetrics | None:
     rep = getattr(sched, "metrics_reporter", None)
     if rep is None or not rep.enable_metrics or not rep.is_stats_logging_rank:
         return None
-    return RadixFlowMetrics(policy, {"dp_rank": str(getattr(sched, "dp_rank", None) or 0)})
+    return RadixFlowMetrics(policy, {"dp_rank": str(dp_rank_of(sched) or 0)})

@@ -90,6 +90,7 @@ class RadixFlowRuntime:
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
         self._seq = 0  # registration order
         self._held_since_round = 0
+        self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
     @classmethod
     def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig,
@@ -361,6 +362,8 @@ class RadixFlowRuntime:
 
     def _emit(self, record: dict) -> None:
         if self._trace is not None:
+            if self.dp_rank is not None:
+                record = {"dp_rank": self.dp_rank, **record}
             self._trace.write(json.dumps(record, default=str) + "\n")
 
 

@@ -13,7 +13,7 @@ from sglang.srt.managers.scheduler import NextBatchPlan, Scheduler  # noqa: E402
 from . import forward_timer  # noqa: E402
 from .admission import scheduler_sleep  # noqa: E402
 from .agreement import scheduler_agreement, scheduler_forward_share  # noqa: E402
-from .metrics import scheduler_metrics  # noqa: E402
+from .metrics import dp_rank_of, scheduler_metrics  # noqa: E402
 from .runtime import RadixFlowRuntime  # noqa: E402
 from .scan import get_new_batch_prefill_raw  # noqa: E402
 
@@ -40,6 +40,7 @@ class RadixFlowScheduler(Scheduler):
                                                                        **collaborators})
         # NOTE: rank 0's measured forward time feeds every rank's round-cost fit.
         self._radixflow.share_forward = scheduler_forward_share(self)
+        self._radixflow.dp_rank = dp_rank_of(self)  # NOTE: DP ranks share one trace file
         return self._radixflow
 
     def run_batch(self, batch, *args, **kwargs):
@@ -63,7 +64,9 @@ class RadixFlowScheduler(Scheduler):
 
     def get_internal_state(self, recv_req):
         out = super().get_internal_state(recv_req)
-        out.internal_state["radixflow"] = self.radixflow.summary()  # shown by /server_info
+        # NOTE: with DP, /server_info lists ranks in answer order: the rank says whose it is
+        out.internal_state["radixflow"] = {"dp_rank": dp_rank_of(self) or 0,
+                                           **self.radixflow.summary()}
         return out
 
     def get_new_batch_prefill(self, running_batch) -> NextBatchPlan:
