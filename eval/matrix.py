@@ -28,6 +28,7 @@ slower than the baseline (mean or p95). Exit status 0, 1 when an arm failed, 2 f
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -111,6 +112,8 @@ def run_group(model: str, workload: str, rate: float, grid: Grid, policies: Sequ
                               seed=grid.seed, host=host)
                 arms[policy] = ({k: res.metrics[k] for k in FIGURES} if res.ok
                                 else {"failed": True, "error": res.error})
+                del res
+                gc.collect()  # NOTE: a kit's pools sit in reference cycles; free them per arm
             cells.append({"model": model, "workload": workload, "rate": rate,
                           "alpha_ms": alpha, "layout": layout, "overlap": overlap, "arms": arms,
                           "ratios": ratios(arms, policies[0]),
