@@ -202,6 +202,66 @@ def test_radix_equals_stock_round_by_round(make_kit, model, layout, overlap):
     assert chunked > 0  # the budgets did force chunking
 
 
+class _Schedule:
+    """`get_schedule()` with prefill_max_requests overridden; every other field upstream's."""
+
+    def __init__(self, inner, prefill_max_requests: int) -> None:
+        self._inner, self.prefill_max_requests = inner, prefill_max_requests
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("model, layout", [CASES[0], CASES[1], CASES[4]])
+def test_radix_equals_stock_under_patched_scheduler_globals(make_kit, monkeypatch, model,
+                                                            layout):
+    """Issue 13 item 9: SGLang's tests patch sglang.srt.managers.scheduler's globals; the
+    copied scan must read them there too (it once imported them by value)."""
+    import sglang.srt.managers.scheduler as sched_mod
+
+    import radixflow_sglang.adapter.scan  # noqa: F401  NOTE: loaded before the patch
+    schedule, stamp = sched_mod.get_schedule, sched_mod.set_time_batch
+    stamped: list[list[str]] = []
+    monkeypatch.setattr(sched_mod, "get_schedule", lambda: _Schedule(schedule(), 1))
+    monkeypatch.setattr(sched_mod, "set_time_batch", lambda reqs, name: (
+        stamped.append([r.rid for r in reqs]), stamp(reqs, name))[1])
+    for seed in range(3):
+        reqs, tokens, rows = random_workload(seed)
+        out = {}
+        for policy in ("stock", "radix"):
+            stamped.clear()
+            k = kit(make_kit, model, layout, policy, tokens=tokens, rows=rows)
+            out[policy] = shape(run_workload(k, seed, reqs))
+            assert stamped == [r[0] for r in out[policy]]  # the patched stamp saw every round
+            assert k.leaks() == NO_LEAK, (seed, policy)
+        assert all(len(r[0]) <= 1 for r in out["stock"])  # the patch took effect
+        assert out["radix"] == out["stock"], seed
+
+
+def test_radix_honours_a_patched_test_retract(make_kit, monkeypatch):
+    """TEST_RETRACT with a no-prefill batch size of -1: every scan returns without a batch."""
+    import sglang.srt.managers.scheduler as sched_mod
+
+    import radixflow_sglang.adapter.scan  # noqa: F401  NOTE: loaded before the patch
+    monkeypatch.setattr(sched_mod, "TEST_RETRACT", True)
+    monkeypatch.setattr(sched_mod, "TEST_RETRACT_NO_PREFILL_BS", -1)
+    for policy in ("stock", "radix"):
+        k = make_kit(policy=policy)
+        k.submit(k.req("A", toks(1000, 100)))
+        assert [k.step() for _ in range(3)] == [None] * 3, policy
+        assert [r.rid for r in k.sched.waiting_queue] == ["A"]
+
+
+def test_the_copied_scan_reads_the_upstream_module_namespace():
+    import sglang.srt.managers.scheduler as sched_mod
+
+    from radixflow_sglang.adapter import scan
+    from radixflow_sglang.adapter.scheduler import RadixFlowScheduler
+
+    assert scan.get_new_batch_prefill_raw.__globals__ is sched_mod.__dict__
+    assert RadixFlowScheduler._get_new_batch_prefill_raw is scan.get_new_batch_prefill_raw
+
+
 @pytest.mark.parametrize("model, layout", CASES)
 @pytest.mark.parametrize("policy", ["stock", "radix", "traversal"])
 def test_no_slot_leaks_after_drain(make_kit, model, layout, policy):

@@ -167,8 +167,8 @@ def scheduler_class(policy: str, config=None) -> type[Scheduler]:
     """`stock` is SGLang's own class; every other policy is ours with its config bound."""
     if policy == "stock":
         return Scheduler
-    from .runtime import RadixFlowConfig
-    from .scheduler import RadixFlowScheduler
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+    from radixflow_sglang.adapter.scheduler import RadixFlowScheduler
 
     cfg = config or RadixFlowConfig(policy=policy)
     return type(f"RadixFlowScheduler_{policy}", (RadixFlowScheduler,), {"radixflow_config": cfg})
