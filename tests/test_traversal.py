@@ -705,3 +705,26 @@ def test_grid_fork_depths_sit_on_pages(page):
                 assert d is None or d % page == 0
     with pytest.raises(ValueError, match="multiple of the page"):
         Grid(Layout.EXTRA_BUFFER, 64, 128)
+
+
+def test_an_in_flight_sharer_past_reach_does_not_hide_a_usable_producer(make_kit):
+    """Overlap: d0b1 (forked to publish at 640) and d0b0 (its last chunk publishes at 704,
+    past the consumers' reach of 700) are both in flight and share the whole document with
+    d0b2 / d0b3. The consumers parked on d0b1 must keep waiting for 640, not be released to
+    the 512 state because the first sharer found (d0b0) is of no use."""
+    k = kit(make_kit, "qwen3.5-4b", "extra_buffer", "traversal", rows=4, tokens=512,
+            overlap=True)
+    doc = toks(100_000, 700)
+    k.submit(*[k.req(f"d0b{b}", doc + toks(200_000 + 100 * b, 40 + 7 * b)) for b in range(4)])
+    waits_ = k.runtime.traversal.waits
+    promised, got = {}, {}
+    for _ in range(12):
+        parked = {rid: waits_.get(rid).depth for rid in waits_.rids()}
+        rnd = k.step()
+        for rid in rnd.rids if rnd is not None else ():
+            if rid in parked:
+                promised[rid], got[rid] = parked[rid], rnd.prefix[rid]
+    assert promised.get("d0b2") == promised.get("d0b3") == 640  # the case did arise
+    assert got == promised
+    k.drain()
+    assert k.leaks() == NO_LEAK
