@@ -282,3 +282,61 @@ def test_a_hold_never_stalls_an_admitted_chunked_request(policy: str) -> None:
     stalled = [(ms, chunked) for ms, chunked, rows in log
                if chunked is not None and (rows is None or chunked not in rows)]
     assert stalled == [], log
+
+
+# --- mamba slot pressure (issue 13 item 12) ---------------------------------------------------
+
+TIGHT = [
+    pytest.param("qwen3.5-4b", "extra_buffer", False, id="qwen3.5-4b-extra_buffer"),
+    pytest.param("qwen3.5-4b", "extra_buffer", True, id="qwen3.5-4b-extra_buffer-overlap"),
+    pytest.param("qwen3.5-4b", "no_buffer", False, id="qwen3.5-4b-no_buffer"),
+    pytest.param("nemotron-9b", "extra_buffer", True, id="nemotron-9b-extra_buffer-overlap"),
+]
+
+
+def branchy_plan(overlap: bool, mamba_extra: int, tokens: int) -> Plan:
+    """8 documents (700+ tokens) of 4 branches each plus an unrelated request, one question
+    per step, 4 rows: every round forks or parks, and published states compete for slots."""
+    reqs, base = [], 100_000
+    for d in range(8):
+        doc = list(range(base, base + 700 + 37 * d))
+        base += 5000
+        for b in range(4):
+            reqs.append((f"d{d}b{b}", doc + list(range(base, base + 40 + 7 * b)), None))
+            base += 100
+        reqs.append((f"u{d}", list(range(base, base + 200 + 50 * d)), None))
+        base += 1000
+    return Plan(requests=reqs, arrivals=[5] * 8, actions=[None] * 14, rows=4, tokens=tokens,
+                overlap=overlap, kv_extra=8192, mamba_extra=mamba_extra)
+
+
+@pytest.mark.parametrize("model, layout, overlap", TIGHT)
+def test_a_mamba_pool_just_above_the_minimum_keeps_forks_parking_and_reuse(model, layout,
+                                                                           overlap):
+    """SGLang users report "Can not alloc mamba cache" crashes and branch reuse dropping to 0
+    when mamba slots run short. At the minimum pool + 1 slot (harness.mamba_slots_for), forks
+    and parking trigger neither: no allocation fails (SGLang asserts), every invariant and
+    the reuse watch hold (no parked consumer starts below the depth it waited for), and
+    every policy schedules exactly what it does with 64 slots more."""
+    runs = {}
+    for extra in (1, 64):
+        for tokens in (512, 2048):  # chunked documents, and whole ones (no_buffer forks)
+            plan = branchy_plan(overlap, extra, tokens)
+            for policy in ("stock", "radixflow"):
+                h, leaks = run(model, layout, policy, plan)
+                check(h, leaks, layout)
+                runs[extra, tokens, policy] = h
+    for policy in ("stock", "radixflow"):
+        tight = [runs[1, t, policy] for t in (512, 2048)]
+        assert max(h.peak_mamba_used - h.kit.cfg.mamba_slots for h in tight) >= -1  # ran full
+    for tokens in (512, 2048):
+        for policy in ("stock", "radixflow"):
+            tight, roomy = runs[1, tokens, policy], runs[64, tokens, policy]
+            assert (tight.scheduled_tokens, tight.hit_tokens) == (roomy.scheduled_tokens,
+                                                                  roomy.hit_tokens)
+        assert (runs[1, tokens, "radixflow"].scheduled_tokens
+                <= runs[1, tokens, "stock"].scheduled_tokens)
+    parked = [runs[1, t, "radixflow"] for t in (512, 2048)]
+    assert sum(h.kit.runtime.totals.blocked for h in parked) > 0
+    assert sum(h.kit.runtime.totals.forks for h in parked) > 0
+    assert sum(h.reuse.kept for h in parked) > 0
