@@ -1,6 +1,6 @@
 """Scan cost: SGLang's stock prefill scan vs RadixFlow's traversal, side by side on the CPU kit.
 
-    python eval/bench_scan.py [--sizes 64,512,4096] [--repeat 3] [--model qwen3.5-4b]
+    python -m eval.bench_scan [--sizes 64,512,4096] [--repeat 3] [--model qwen3.5-4b]
 
 For each queue size and workload (independent requests, or four-branch groups sharing a
 document) it times one scan per fresh kit (process CPU time), repeated, and prints CPU time per
@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from radixflow_sglang.testing.kit import Kit, KitConfig  # noqa: E402
+from radixflow_sglang import models
+from radixflow_sglang.testing.kit import Kit, KitConfig
 
 
 def queue(kit: Kit, n: int, shared: bool, seed: int) -> list:
@@ -46,10 +43,11 @@ def one_scan(policy: str, n: int, shared: bool, model: str, seed: int) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m eval.bench_scan",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="64,512,4096")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--model", default="qwen3.5-4b")
+    ap.add_argument("--model", choices=models.names(), default="qwen3.5-4b")
     a = ap.parse_args(argv)
     print("| queue | sharing | stock ms/scan | radix ms/scan | traversal ms/scan | "
           "visited (radix/trav) | stock us/visited | trav us/visited | trav/stock per scan | "

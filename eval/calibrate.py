@@ -1,6 +1,6 @@
 """Fit the twin's cost model (alpha, beta, gamma) from a server's --radixflow-trace JSONL.
 
-    python eval/calibrate.py OUT/arm-radixflow/trace.jsonl [--overlap] [--json]
+    python -m eval.calibrate OUT/arm-radixflow/trace.jsonl [--overlap] [--json]
 
 eval/costmodel.py's `fit` needs forward records {rows, scheduled_tokens, duration_s}. A round
 event that carries `duration_s` (a future trace with forward timings) is used as is. The
@@ -44,12 +44,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
-
-from eval.client import read_jsonl  # noqa: E402
-from eval.costmodel import CostModel, fit  # noqa: E402
+from eval.client import read_jsonl
+from eval.costmodel import CostModel, fit
 
 Event = Mapping[str, Any]
 
@@ -116,7 +112,8 @@ def _check_identifiable(recs: Sequence[Mapping[str, Any]], cost: CostModel) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="eval/calibrate.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eval.calibrate",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("trace", type=Path)
     p.add_argument("--overlap", action="store_true",
                    help="the trace is from an overlap-scheduled server")

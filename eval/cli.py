@@ -36,3 +36,19 @@ def positive(kind: type, what: str | None = None) -> Callable[[str], Any]:
         return x
 
     return parse
+
+
+def non_negative(kind: type, what: str | None = None) -> Callable[[str], Any]:
+    """A finite number >= 0 (argparse names the flag in the error)."""
+    what = what or f"a {kind.__name__}"
+
+    def parse(text: str) -> Any:
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not 0 <= x < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+        return x
+
+    return parse

@@ -271,21 +271,9 @@ class ForkSender:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Window:
-    """A segment's span on the monotonic clock: its start to its last completion."""
-
-    segment: int
-    name: str
-    regime: str
-    start_s: float
-    end_s: float
-
-
 @dataclass
 class ReplayResult:
     records: list[BranchRecord]
-    windows: list[Window]
     wall_s: float
 
 
@@ -322,7 +310,6 @@ def replay(segments: Sequence[Segment], sender: Sender, *, pool: int = DEFAULT_P
             bar.update(1)
 
     records: list[BranchRecord] = []
-    windows: list[Window] = []
     raw = open(raw_path, "w", encoding="utf-8") if raw_path else None  # noqa: SIM115
     try:
         with ThreadPoolExecutor(pool, thread_name_prefix="question") as ex:
@@ -336,8 +323,6 @@ def replay(segments: Sequence[Segment], sender: Sender, *, pool: int = DEFAULT_P
                     fut.add_done_callback(tick)
                     futs.append(fut)
                 seg_recs = [r for f in futs for r in f.result()]
-                end = max([start] + [r.done_s for r in seg_recs if r.done_s is not None])
-                windows.append(Window(si, seg.name, seg.regime, start, end))
                 records += seg_recs
                 if raw is not None:
                     for r in seg_recs:
@@ -347,7 +332,7 @@ def replay(segments: Sequence[Segment], sender: Sender, *, pool: int = DEFAULT_P
         bar.close()
         if raw is not None:
             raw.close()
-    return ReplayResult(records, windows, time.perf_counter() - t0)
+    return ReplayResult(records, time.perf_counter() - t0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -561,6 +546,6 @@ def _with_cap(m: dict[str, Any], l_cap: int | None) -> dict[str, Any]:
 
 __all__ = [
     "BranchRecord", "ForkSender", "GenerateSender", "QuestionTiming", "ReplayResult", "Slot",
-    "Window", "core_metrics", "failed", "load_trace", "post_json", "questions", "read_jsonl",
+    "core_metrics", "failed", "load_trace", "post_json", "questions", "read_jsonl",
     "replay", "rounds_in", "split_text", "summarize",
 ]

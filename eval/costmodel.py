@@ -24,8 +24,9 @@ So
     P_tok = P_total - n_tables * vocab * hidden      (n_tables = 1 if tied, else 2)
     beta  = 2 * P_tok / (790e12 * 0.5)
 
-with P_total from a table of published parameter counts (PARAMS; vocab/hidden/tying read from
-the model's config.json). Example, qwen3.5-4b: P_tok = 4e9 - 248,320 * 2,560 = 3.36e9, beta =
+with P_total the published parameter count (the catalog, radixflow_sglang/models.py;
+vocab/hidden/tying read from the model's config.json). Example, qwen3.5-4b: P_tok = 4e9 -
+248,320 * 2,560 = 3.36e9, beta =
 1.70e-5 s/token, i.e. a full T = 8,192-token round computes for ~139 ms. The recurrent (gated
 delta net / Mamba2) mixers' own state-update FLOPs are ~1 % of the matmul FLOPs for these
 shapes and are ignored.
@@ -33,6 +34,11 @@ shapes and are ignored.
 alpha (s per forward). A fixed per-forward overhead: kernel launches / CUDA graph replay,
 the scheduler's own scan and batch preparation, sampling, the result round trip. ASSUMPTION:
 8 ms, the same for every model (order of magnitude of SGLang's non-overlapped scheduler step).
+alpha and gamma therefore describe a round as observed WITHOUT overlap. The twin's host-cost
+model (eval/hostcost.py) takes the scan and batch preparation out of them (GPU time = cost less
+the stock scan's s0 + s2 * rows) and charges each arm its own scan's CPU time instead, added to
+the round without overlap and hidden behind the previous forward with overlap; nothing is
+counted twice. `--host-cost none` keeps the whole cost on the GPU and the scans free.
 
 gamma (s per row). ASSUMPTION: 0.1 ms of per-request bookkeeping (metadata, index tensors,
 sampling), plus the LM head on the row's last position (2 * vocab * hidden FLOPs at the same
@@ -56,12 +62,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from radixflow_sglang.geometry import MODELS_DIR, load_geometry
+from radixflow_sglang import models
+from radixflow_sglang.geometry import load_geometry
 
 PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, see docstring)
 MFU = 0.5  # prefill model FLOP utilisation (assumption)
@@ -69,15 +76,6 @@ HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e bandwidth
 ALPHA_S = 8e-3  # fixed per-forward overhead (assumption)
 ROW_OVERHEAD_S = 1e-4  # per-row bookkeeping (assumption)
 
-# Published total parameter counts (embedding included), by model directory name.
-PARAMS = {
-    "qwen3.5-0.8b": 0.8e9,
-    "qwen3.5-4b": 4e9,
-    "qwen3.5-9b": 9e9,
-    "qwen3.5-27b": 27e9,
-    "nemotron-9b": 9e9,
-    "qwen3-8b": 8e9,
-}
 
 
 @dataclass(frozen=True)
@@ -104,21 +102,16 @@ def attn_pairs(extend: Mapping[str, int], prefix: Mapping[str, int]) -> float:
     return float(sum(e * (prefix[r] + e / 2) for r, e in extend.items()))
 
 
-def _text_config(model: str) -> dict:
-    cfg = json.loads((MODELS_DIR / model / "config.json").read_text())
-    return cfg.get("text_config", cfg)
-
-
 def default_cost(model: str, *, attention: bool = True) -> CostModel:
     """The first-principles defaults of the module docstring for a model directory name."""
-    if model not in PARAMS:
-        raise ValueError(f"no parameter count for {model!r}; known: {', '.join(PARAMS)}")
+    if model not in models.CATALOG:
+        raise ValueError(f"no parameter count for {model!r}; known: {', '.join(models.names())}")
     geo = load_geometry(model)
-    t = _text_config(model)
+    t = models.text_config(model)
     vocab, hidden = t["vocab_size"], t["hidden_size"]
     tables = 1 if t.get("tie_word_embeddings", False) else 2
     flops_per_s = PEAK_FLOPS * MFU
-    p_tok = PARAMS[model] - tables * vocab * hidden
+    p_tok = models.get(model).params - tables * vocab * hidden
     beta = 2 * p_tok / flops_per_s
     gamma = ROW_OVERHEAD_S + 2 * vocab * hidden / flops_per_s
     if geo.hybrid:
@@ -129,6 +122,18 @@ def default_cost(model: str, *, attention: bool = True) -> CostModel:
         head_dim = t.get("head_dim") or t.get("attention_head_dim") or hidden // heads
         delta = 4 * len(geo.full_layers) * heads * head_dim / flops_per_s
     return CostModel(ALPHA_S, beta, gamma, delta, source=f"default:{model}")
+
+
+def cost_with(model: str, *, alpha_ms: float | None = None, beta_us: float | None = None,
+              gamma_ms: float | None = None) -> CostModel:
+    """`default_cost(model)` with alpha / beta / gamma overridden where given (ms, us, ms)."""
+    c = default_cost(model)
+    given = (("alpha", alpha_ms, 1e-3), ("beta", beta_us, 1e-6), ("gamma", gamma_ms, 1e-3))
+    over = {k: v * unit for k, v, unit in given if v is not None}
+    if not over:
+        return c
+    tag = ",".join(f"{k}={v:g}" for k, v in over.items())
+    return replace(c, **over, source=f"{c.source}+{tag}")
 
 
 def _records(source: str | Path | Iterable[Mapping]) -> list[Mapping]:

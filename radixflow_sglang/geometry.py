@@ -11,12 +11,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "launch" / "models"
-FLA_CHUNK = 64
-# The paper's budgets: rows S per round and tokens T per round.
-ROWS = {"qwen3.5-0.8b": 16, "nemotron-9b": 16, "qwen3-8b": 16}
-DEFAULT_ROWS = 64
-TOKENS = 8192
+from radixflow_sglang import models
+
+FLA_CHUNK = 64  # FLA's GDN chunk: SGLang's grid when a config has no mamba_chunk_size
+NEMOTRON_DEFAULT_CHUNK = 256  # SGLang's NemotronHConfig default without (mamba_)chunk_size
 
 
 @dataclass(frozen=True)
@@ -29,8 +27,8 @@ class Geometry:
     state_bytes: int  # one request's recurrent state, all layers (0 for full attention)
     kv_bytes_per_token: int  # full-attention KV of one token, all layers
     hidden: int
-    rows: int  # paper's S
-    tokens: int  # paper's T
+    rows: int  # paper's S (radixflow_sglang.models)
+    tokens: int  # paper's T (radixflow_sglang.models)
 
     @property
     def hybrid(self) -> bool:
@@ -43,13 +41,13 @@ class Geometry:
 
 
 def model_names() -> list[str]:
-    return sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").exists())
+    return models.names()
 
 
 def load_geometry(name_or_dir: str | Path) -> Geometry:
     path = Path(name_or_dir)
     if not (path / "config.json").exists():
-        path = MODELS_DIR / str(name_or_dir)
+        path = models.model_dir(str(name_or_dir))
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise ValueError(
@@ -65,17 +63,17 @@ def load_geometry(name_or_dir: str | Path) -> Geometry:
 
 def geometry_from_config(name: str, cfg: dict) -> Geometry:
     t = cfg.get("text_config", cfg)
-    rows = ROWS.get(name, DEFAULT_ROWS)
+    rows, tokens = models.rows_for(name), models.TOKENS
     if "hybrid_override_pattern" in t:  # Nemotron-H: M = Mamba2, * = attention
         pattern = t["hybrid_override_pattern"]
         full = tuple(i for i, c in enumerate(pattern) if c == "*")
         mamba = [i for i, c in enumerate(pattern) if c == "M"]
         heads, hd, st = t["mamba_num_heads"], t["mamba_head_dim"], t["ssm_state_size"]
-        grid = t.get("mamba_chunk_size") or t.get("chunk_size") or 256
+        grid = t.get("mamba_chunk_size") or t.get("chunk_size") or NEMOTRON_DEFAULT_CHUNK
         state = len(mamba) * heads * hd * st * 4
         kv = 2 * len(full) * t["num_key_value_heads"] * t["head_dim"] * 2
         return Geometry(name, "mamba2", len(pattern), full, grid, state, kv,
-                        t["hidden_size"], rows, TOKENS)
+                        t["hidden_size"], rows, tokens)
     n = t["num_hidden_layers"]
     hd = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
     if "full_attention_interval" in t:  # Qwen3.5 / Qwen3-Next gated delta net
@@ -85,6 +83,6 @@ def geometry_from_config(name: str, cfg: dict) -> Geometry:
         vd = t["linear_value_head_dim"]
         state = (n - len(full)) * vh * kd * vd * 4
         kv = 2 * len(full) * t["num_key_value_heads"] * hd * 2
-        return Geometry(name, "gdn", n, full, FLA_CHUNK, state, kv, t["hidden_size"], rows, TOKENS)
+        return Geometry(name, "gdn", n, full, FLA_CHUNK, state, kv, t["hidden_size"], rows, tokens)
     kv = 2 * n * t["num_key_value_heads"] * hd * 2
-    return Geometry(name, "full", n, tuple(range(n)), 1, 0, kv, t["hidden_size"], rows, TOKENS)
+    return Geometry(name, "full", n, tuple(range(n)), 1, 0, kv, t["hidden_size"], rows, tokens)

@@ -1,95 +1,133 @@
 """`python -m radixflow_sglang.launch_server`: SGLang's HTTP server with RadixFlow's scheduler.
 
-Takes every SGLang server argument plus `--radixflow-*`. With no `--model-path` it serves the
-embedded Qwen3.5-0.8B geometry (launch/models, dummy weights, offline tokenizer). Flags reach
-the spawned scheduler processes through RADIXFLOW_* environment variables.
+Takes every SGLang server argument plus `--radixflow-*` (built from config.py's SETTINGS; each
+RADIXFLOW_* variable stands in for its absent flag). With no `--model-path` it serves the
+embedded default model (radixflow_sglang/models.py, dummy weights, offline tokenizer). The checked
+config reaches the spawned scheduler processes through the RADIXFLOW_* variables; the request
+checks (adapter/validate.py) are installed here, in the process that runs SGLang's tokenizer
+manager, for every policy. `--help` prints the RadixFlow flags before importing SGLang.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang import models
+from radixflow_sglang.config import (
+    BY_FIELD,
+    ENV_PREFIX,
+    FLAG_PREFIX,
+    LAUNCHER_SETTINGS,
+    SETTINGS,
+    ConfigError,
+    RadixFlowConfig,
+    Setting,
+    argparse_type,
+    build,
+    env_texts,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-EMBEDDED_MODEL = REPO / "launch" / "models" / "qwen3.5-0.8b"
-EXECUTORS = ("model", "simulated")
+PROG = "python -m radixflow_sglang.launch_server"
 logger = logging.getLogger("radixflow")
 
 
-def _positive_int(flag: str, low: int = 0):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag}: {text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{flag}: {value} must be >= {low}")
-        return value
-
-    return parse
+@dataclass(frozen=True)
+class Launch:
+    config: RadixFlowConfig
+    executor: str | None  # None: model if a GPU is visible, else simulated
+    sglang_args: list[str]
+    sources: dict[str, str]  # field -> the flag or variable that set it (defaults absent)
 
 
-def _admission_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-    if not 0 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"{value} is outside the allowed range [0, 1000] ms")
-    return value
+def _help(s: Setting) -> str:
+    parts = [s.help]
+    if s.low is not None:
+        parts.append(f"range [{s.num(s.low)}, {s.num(s.high)}]")
+    if s.default is not None:
+        parts.append(f"default {s.default}")
+    if s.var:
+        parts.append(f"env {s.var}")
+    return "; ".join(parts)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m radixflow_sglang.launch_server", add_help=False,
-        description="SGLang server arguments plus the RadixFlow flags below.",
+        prog=PROG, add_help=False,
+        description="SGLang's HTTP server with RadixFlow's scheduler: every SGLang server "
+                    "argument plus the RadixFlow flags below.",
     )
-    g = p.add_argument_group("radixflow")
-    g.add_argument("--radixflow-policy", choices=POLICIES, default="radixflow")
-    g.add_argument("--radixflow-admission-ms", type=_admission_ms, default=None,
-                   help="flexible admission hold bound (default 5; timer5/timer10 fix theirs)")
-    g.add_argument("--radixflow-trace", default=None, help="per-round JSONL trace path")
-    g.add_argument("--radixflow-executor", choices=EXECUTORS, default=None,
-                   help="model (GPU) or simulated (CPU cost model); default: model if a GPU")
-    g.add_argument("--radixflow-theta", type=_positive_int("--radixflow-theta", 1), default=None,
-                   help="minimum ready-prefix gain (tokens) worth a wait; default max(G, 64)")
-    g.add_argument("--radixflow-park-margin", type=_positive_int("--radixflow-park-margin"),
-                   default=1, help="rounds beyond the publish lag a request may stay parked")
-    g.add_argument("--radixflow-frag-cap", type=_positive_int("--radixflow-frag-cap"),
-                   default=2, help="rounds radixflow-frag may defer one request")
+    g = p.add_argument_group(
+        "RadixFlow arguments", f"Each {ENV_PREFIX}* variable named below sets its flag's value; "
+                               "a flag given on the command line wins.")
+    for s in SETTINGS + LAUNCHER_SETTINGS:
+        g.add_argument(s.flag, dest=s.field, type=argparse_type(s), choices=s.choices,
+                       default=None, help=_help(s))
     return p
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+def wants_help(argv: list[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)
+
+
+def print_help() -> None:
+    """Ours first (no SGLang import), then SGLang's own server arguments."""
+    parser().print_help()
+    print(f"\nSGLang {_sglang_version()} server arguments (here --model-path is optional: "
+          "without it the embedded Qwen3.5-0.8B geometry is served):", flush=True)
+    from sglang.srt.server_args import ServerArgs
+
+    sp = argparse.ArgumentParser(prog=PROG, add_help=True)
+    ServerArgs.add_cli_args(sp)
+    sp.print_help()
+
+
+def _sglang_version() -> str:
+    from importlib.metadata import version
+
+    return version("sglang")
+
+
+def parse(argv: list[str], env: Mapping[str, str] | None = None) -> Launch:
+    """Flags, else RADIXFLOW_* variables, else defaults; validated once (config.py). Errors
+    exit 2 naming the flag or the variable the user set."""
+    env = os.environ if env is None else env
     p = parser()
     ns, rest = p.parse_known_args(argv)
-    unknown = [a for a in rest if a.startswith("--radixflow")]
+    unknown = [a for a in rest if a.startswith(FLAG_PREFIX)]
     if unknown:
         p.error(f"unrecognized radixflow argument {unknown[0]!r}")
-    if ns.radixflow_trace:
-        parent = Path(ns.radixflow_trace).resolve().parent
-        if not parent.is_dir():
-            p.error(f"--radixflow-trace: directory {parent} does not exist")
-    return ns, rest
+    flags = {s.field: getattr(ns, s.field) for s in SETTINGS
+             if getattr(ns, s.field) is not None}
+    texts = {f: t for f, t in env_texts(env).items() if f not in flags}
+    sources = {f: BY_FIELD[f].flag for f in flags} | {f: BY_FIELD[f].var for f in texts}
+    try:
+        cfg = build(texts, sources, parsed=flags)
+    except ConfigError as e:
+        p.error(str(e))
+    return Launch(cfg, ns.executor, rest, sources)
 
 
-def radixflow_env(ns: argparse.Namespace) -> dict[str, str]:
-    env = {"RADIXFLOW_POLICY": ns.radixflow_policy,
-           "RADIXFLOW_PARK_MARGIN": str(ns.radixflow_park_margin),
-           "RADIXFLOW_FRAG_CAP": str(ns.radixflow_frag_cap)}
-    if ns.radixflow_admission_ms is not None:
-        env["RADIXFLOW_ADMISSION_MS"] = str(ns.radixflow_admission_ms)
-    if ns.radixflow_theta is not None:
-        env["RADIXFLOW_THETA"] = str(ns.radixflow_theta)
-    if ns.radixflow_trace:
-        env["RADIXFLOW_TRACE"] = str(Path(ns.radixflow_trace).resolve())
+def child_env(cfg: RadixFlowConfig) -> dict[str, str | None]:
+    """What spawned scheduler processes read back (config_from_env); None: unset it. The
+    trace path is made absolute (children may run elsewhere)."""
+    env = cfg.to_env()
+    if cfg.trace:
+        env[BY_FIELD["trace"].var] = str(Path(cfg.trace).resolve())
     return env
+
+
+def apply_env(env: dict[str, str | None], target: MutableMapping[str, str]) -> None:
+    for name, value in env.items():
+        if value is None:
+            target.pop(name, None)
+        else:
+            target[name] = value
 
 
 def has_model_arg(rest: list[str]) -> bool:
@@ -98,19 +136,10 @@ def has_model_arg(rest: list[str]) -> bool:
 
 
 def embedded_args() -> list[str]:
-    _ensure_tokenizer(EMBEDDED_MODEL)
-    return ["--model-path", str(EMBEDDED_MODEL), "--load-format", "dummy",
-            "--context-length", "32768", "--max-running-requests", "16",
-            "--chunked-prefill-size", "8192", "--max-prefill-tokens", "8192"]
+    from radixflow_sglang.tokenizer import served_model_dir
 
-
-def _ensure_tokenizer(model_dir: Path) -> None:
-    spec = importlib.util.spec_from_file_location("rf_build_tokenizer",
-                                                  REPO / "launch" / "build_tokenizer.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # NOTE: its dataclasses look their module up while building
-    spec.loader.exec_module(mod)
-    mod.ensure_tokenizer(model_dir)
+    return ["--model-path", str(served_model_dir(models.DEFAULT)), "--load-format", "dummy",
+            "--context-length", str(models.CONTEXT_LENGTH), *models.budget_args(models.DEFAULT)]
 
 
 def gpu_available() -> bool:
@@ -144,17 +173,26 @@ def scheduler_entry(executor: str):
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_help(argv):
+        print_help()
+        return
     logging.basicConfig(level=logging.INFO, format="[radixflow] %(message)s")
-    ns, rest = parse(sys.argv[1:] if argv is None else argv)
+    launch = parse(argv)
+    cfg, rest = launch.config, launch.sglang_args
+    for field, source in launch.sources.items():
+        if source.startswith(ENV_PREFIX):
+            logger.info("%s from %s", BY_FIELD[field].flag, source)
     if not has_model_arg(rest):
-        logger.info("no --model-path: serving the embedded Qwen3.5-0.8B geometry (dummy weights)")
+        logger.info("no --model-path: serving the embedded %s geometry (dummy weights)",
+                    models.DEFAULT)
         rest = embedded_args() + rest
-    executor = ns.radixflow_executor or ("model" if gpu_available() else "simulated")
+    executor = launch.executor or ("model" if gpu_available() else "simulated")
     if executor == "simulated":
-        if ns.radixflow_executor is None:
+        if launch.executor is None:
             logger.info("no GPU found: simulated executor (CPU cost model, SGLang's scheduler)")
         rest = simulated_args(rest)
-    os.environ.update(radixflow_env(ns))
+    apply_env(child_env(cfg), os.environ)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     entry = scheduler_entry(executor)
@@ -162,9 +200,11 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
+    from radixflow_sglang.adapter.entry import activate
+
     server_args = prepare_server_args(rest)
     server_args.resolve_once()
-    logger.info("policy %s, executor %s", ns.radixflow_policy, executor)
+    activate(cfg, f"launcher, executor {executor}")  # NOTE: request checks for every policy
     try:
         launch_server(server_args, run_scheduler_process_func=entry)
     finally:

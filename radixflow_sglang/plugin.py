@@ -1,8 +1,10 @@
 """Entry point for SGLang's `sglang.srt.plugins` group: off unless RADIXFLOW_POLICY is set.
 
 With `RADIXFLOW_POLICY=radixflow sglang serve ...` (or `python -m sglang.launch_server`),
-SGLang's `load_plugins()` runs `register()` in every process, including each spawned scheduler,
-before the scheduler is built (scheduler.py `run_scheduler_process`, first line).
+SGLang's `load_plugins()` runs `register()` in every process: the launching one (HTTP server and
+tokenizer manager: the request checks) and each spawned scheduler (scheduler.py
+`run_scheduler_process`, first line, before the scheduler is built: our class). The other
+RADIXFLOW_* variables are radixflow_sglang/config.py's SETTINGS.
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ import os
 
 
 def register() -> None:
-    policy = os.environ.get("RADIXFLOW_POLICY")
-    if not policy:
+    from radixflow_sglang.config import VAR_NAMES, ConfigError, config_from_env
+
+    if not os.environ.get(VAR_NAMES["policy"]):
         return
-    from radixflow_sglang.adapter.scheduler import config_from_env
+    try:
+        cfg = config_from_env()
+    except ConfigError as e:
+        # NOTE: plugins/__init__.py `load_plugins` logs and swallows any Exception and start-up
+        # would go on without RadixFlow; SystemExit is not an Exception, so start-up stops.
+        raise SystemExit(f"radixflow plugin: {e}; not starting") from None
+    from radixflow_sglang.adapter.entry import activate
 
-    config_from_env()  # NOTE: bad values fail loudly at start-up, naming the variable
-    from radixflow_sglang.adapter.entry import install
-
-    install(policy)
+    activate(cfg, "plugin")

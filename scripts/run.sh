@@ -14,7 +14,7 @@ if [ ! -x "$PY" ]; then
 fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing radixflow-sglang and sglang==0.5.23 into $VENV (first time: ~9 min)" >&2
-  "$PY" -m pip install -q -e '.[test]'
+  "$PY" -m pip install -q -e '.[test,eval]'
   echo "$want" > "$STAMP"
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -24,7 +24,7 @@ case "$cmd" in
   serve)  exec "$PY" -m radixflow_sglang.launch_server "$@" ;;
   test)   "$PY" -m ruff check radixflow_sglang eval tests
           exec "$PY" -m pytest -q "$@" ;;
-  replay) exec "$PY" eval/replay.py "$@" ;;
+  replay) exec "$PY" -m eval.replay "$@" ;;
   lint)   exec "$PY" -m ruff check radixflow_sglang eval tests ;;
   *)      echo "usage: bash scripts/run.sh {serve|test|replay|lint} [args...]" >&2; exit 2 ;;
 esac

@@ -1,13 +1,10 @@
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # NOTE: eval/ is a plain folder of scripts, importable from root
+# NOTE: eval/ is imported from the repository root (pyproject's pytest `pythonpath`).
 warnings.filterwarnings("ignore", category=UserWarning)
 
 

@@ -183,14 +183,14 @@ def test_frag_deferral_is_capped_then_native_chunking(make_kit, clock):
 def test_skewed_clocks_agree_through_rank_zero(make_kit, policy):
     """Two simulated TP ranks whose clocks disagree (rank 1 jitters by 0-3 ms per iteration):
     with agreement every round is identical."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
     def run(agree: bool):
         clocks = [Clock(), Clock()]
-        kits = [make_kit(policy=policy, clock=c) for c in clocks]
         shared: list[Decision] = []
-        kits[0].runtime.agreement = lambda d: (shared.append(d), d)[1]
-        if agree:
-            kits[1].runtime.agreement = lambda d: shared[-1]
+        agreements = [lambda d: (shared.append(d), d)[1], (lambda d: shared[-1]) if agree else None]
+        kits = [Kit(KitConfig(), policy=policy, clock=c, agreement=a)
+                for c, a in zip(clocks, agreements, strict=True)]
         trace = [[], []]
         arrivals = {0.0: ["q0"], 0.002: ["q1"], 0.004: ["q2"], 0.007: ["q3"]}
         for it in range(12):
@@ -233,3 +233,67 @@ def test_timer_runs_eligible_work_while_fresh_requests_wait_their_deadline(make_
     assert k.runtime.totals.rounds == 1
     clock.t = 0.010
     assert sorted(k.step().rids) == ["early2", "late"]
+
+
+@pytest.mark.parametrize("policy", ["timer5", "timer10", "flex", "radixflow"])
+def test_a_hold_never_waits_while_a_batch_is_in_flight(policy):
+    """Issue 13 item 8: with a batch in flight (overlap) a fresh arrival is held out of the
+    scan, but the scheduler never waits for its deadline (the in-flight result is processed)."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    clock, waits = Clock(), []
+    k = Kit(KitConfig(overlap=True), policy=policy, clock=clock, sleep=waits.append)
+    k.submit(k.req("a", DOC + [1]))
+    assert k.step() is None and len(waits) == 1  # idle: the hold waits for the deadline
+    clock.t = 0.010
+    assert k.step().rids == ["a"] and k.sched.result_queue  # a's batch is in flight
+    k.submit(k.req("b", list(range(9000, 9300))))  # fresh: 0 ms old
+    rnd = k.step()
+    assert len(waits) == 1  # no wait while a's batch runs
+    if policy.startswith("timer"):
+        assert rnd is None and "a" in k.finished  # b held; a's result was processed
+        clock.t = 1.0  # past its deadline
+        assert k.step().rids == ["b"]
+    else:
+        assert rnd.rids == ["b"]  # flex: running work releases at once (rule a)
+    assert len(waits) == 1
+
+
+@pytest.mark.parametrize("policy", ["timer5", "timer10"])
+def test_a_timer_hold_never_waits_while_a_decode_batch_runs(policy):
+    """Issue 13 item 8: a timer holds a fresh arrival while a decode batch runs; the pass
+    returns no prefill (the decode step goes on) and requests no wait."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    clock, waits = Clock(), []
+    k = Kit(KitConfig(), policy=policy, clock=clock, sleep=waits.append)
+    k.submit(k.req("a", DOC + [1], max_new_tokens=8))
+    clock.t = 1.0
+    assert k.step() is None and len(waits) == 1  # registered now; idle: it waits
+    clock.t = 2.0
+    decoding = k.scan()  # a's prefill: it stays in the running batch (SGLang merges it)
+    assert decoding is not None and [r.rid for r in decoding.reqs] == ["a"]
+    k.sched.running_batch = decoding
+    k.submit(k.req("b", list(range(9000, 9300))))
+    for _ in range(3):
+        plan = k.sched.get_new_batch_prefill(k.sched.running_batch)
+        assert plan.batch_to_run is None and plan.running_batch is decoding
+    assert len(waits) == 1 and k.runtime.held_iterations == 4
+
+
+def test_the_scheduler_waits_on_its_socket_and_never_under_dp_attention(make_kit):
+    """A holding scheduler waits on its tokenizer socket (an arrival wakes it); under DP
+    attention it never waits (its DP peers step in lockstep with it)."""
+    from types import SimpleNamespace
+
+    from radixflow_sglang.adapter.admission import scheduler_sleep
+
+    sched = make_kit(policy="flex").sched  # SGLang's scheduler class (kit attributes)
+    polls: list[int] = []
+    sched.recv_from_tokenizer = SimpleNamespace(poll=lambda timeout: polls.append(timeout))
+    sched.attn_dp_enabled = False
+    scheduler_sleep(sched)(0.004)
+    assert polls == [4]
+    sched.attn_dp_enabled = True
+    scheduler_sleep(sched)(0.004)
+    assert polls == [4]

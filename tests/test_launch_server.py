@@ -2,43 +2,83 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from radixflow_sglang import launch_server as ls
+from radixflow_sglang.config import SETTINGS
+from radixflow_sglang.core.policy import POLICIES
 
 
 def test_radixflow_flags_map_to_env_and_pass_sglang_args_through():
-    ns, rest = ls.parse(["--model-path", "m", "--radixflow-policy", "traversal",
-                         "--radixflow-admission-ms", "7.5", "--radixflow-theta", "128",
-                         "--tp", "2"])
-    assert rest == ["--model-path", "m", "--tp", "2"]
-    env = ls.radixflow_env(ns)
-    from radixflow_sglang.adapter.scheduler import config_from_env
+    launch = ls.parse(["--model-path", "m", "--radixflow-policy", "traversal",
+                       "--radixflow-admission-ms", "7.5", "--radixflow-theta", "128",
+                       "--tp", "2"], env={})
+    assert launch.sglang_args == ["--model-path", "m", "--tp", "2"]
+    env = ls.child_env(launch.config)
+    from radixflow_sglang.config import config_from_env
 
-    cfg = config_from_env(env)
+    cfg = config_from_env({k: v for k, v in env.items() if v is not None})
+    assert cfg == launch.config
     assert (cfg.policy, cfg.admission_ms, cfg.theta, cfg.frag_cap) == ("traversal", 7.5, 128, 2)
     assert env["RADIXFLOW_POLICY"] == "traversal"
     assert env["RADIXFLOW_ADMISSION_MS"] == "7.5" and env["RADIXFLOW_THETA"] == "128"
+    assert env["RADIXFLOW_TRACE"] is None  # a stale variable in the launcher's env is unset
+
+
+def test_child_env_unsets_stale_variables_and_makes_the_trace_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    launch = ls.parse(["--radixflow-trace", "t.jsonl"], env={})
+    target = {"RADIXFLOW_THETA": "99", "OTHER": "x"}
+    ls.apply_env(ls.child_env(launch.config), target)
+    assert target["RADIXFLOW_TRACE"] == str(tmp_path / "t.jsonl")
+    assert "RADIXFLOW_THETA" not in target and target["OTHER"] == "x"
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--radixflow-policy", "fast"], "--radixflow-policy: invalid choice: 'fast' (choose from"),
-    (["--radixflow-admission-ms", "-1"], "--radixflow-admission-ms"),
-    (["--radixflow-admission-ms", "soon"], "not a number"),
-    (["--radixflow-executor", "gpu"], "choose from 'model', 'simulated'"),
-    (["--radixflow-theta", "0"], "--radixflow-theta: 0 must be >= 1"),
-    (["--radixflow-frag-cap", "x"], "--radixflow-frag-cap: 'x' is not an integer"),
-    (["--radixflow-trace", "/no/such/dir/t.jsonl"], "--radixflow-trace: directory"),
+    (["--radixflow-policy", "fast"],
+     "argument --radixflow-policy: invalid choice 'fast' (choose from stock, radix,"),
+    (["--radixflow-admission-ms", "-1"],
+     "argument --radixflow-admission-ms: -1 is outside the allowed range [0, 1000] ms"),
+    (["--radixflow-admission-ms", "soon"], "'soon' is not a number"),
+    (["--radixflow-executor", "gpu"], "invalid choice 'gpu' (choose from model, simulated)"),
+    (["--radixflow-theta", "0"], "argument --radixflow-theta: 0 is outside the allowed range"),
+    (["--radixflow-frag-cap", "x"], "argument --radixflow-frag-cap: 'x' is not an integer"),
+    (["--radixflow-trace", "/no/such/dir/t.jsonl"],
+     "argument --radixflow-trace: directory /no/such/dir does not exist"),
     (["--radixflow-polcy", "radix"], "unrecognized radixflow argument"),
+    (["--radixflow-policy", "stock", "--radixflow-trace", "t.jsonl"],
+     "error: --radixflow-trace is set but --radixflow-policy is stock, which runs SGLang's "
+     "unmodified scheduler and writes no trace"),
 ])
 def test_bad_flags_fail_naming_the_flag(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
-        ls.parse(argv)
+        ls.parse(argv, env={})
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, env, needle", [
+    ([], {"RADIXFLOW_THETA": "abc"}, "error: RADIXFLOW_THETA: 'abc' is not an integer"),
+    (["--radixflow-policy", "stock"], {"RADIXFLOW_TRACE": "t.jsonl"},
+     "error: RADIXFLOW_TRACE is set but --radixflow-policy is stock"),
+    ([], {"RADIXFLOW_POLICY": "stock", "RADIXFLOW_TRACE": "t.jsonl"},
+     "error: RADIXFLOW_TRACE is set but RADIXFLOW_POLICY is stock"),
+])
+def test_launcher_variables_are_checked_and_named_like_flags(argv, env, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        ls.parse(argv, env=env)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_a_flag_wins_over_its_variable_and_a_variable_over_the_default():
+    launch = ls.parse(["--radixflow-theta", "128"],
+                      env={"RADIXFLOW_THETA": "abc", "RADIXFLOW_FRAG_CAP": "5"})
+    assert (launch.config.theta, launch.config.frag_cap) == (128, 5)
+    assert launch.sources == {"theta": "--radixflow-theta", "frag_cap": "RADIXFLOW_FRAG_CAP"}
 
 
 def test_embedded_default_is_used_only_without_a_model_arg():
@@ -61,13 +101,13 @@ def test_child_install_swaps_the_scheduler_class_and_stock_restores_it():
         m.Scheduler = entry._UPSTREAM_CLASS
 
 
-def test_plugin_is_registered_off_by_default_and_validates_policy(monkeypatch):
+def test_plugin_is_registered_off_by_default_and_stops_on_a_bad_policy(monkeypatch):
     from importlib.metadata import entry_points
 
     import sglang.srt.managers.scheduler as m
 
     from radixflow_sglang import plugin
-    from radixflow_sglang.adapter import entry
+    from radixflow_sglang.adapter import entry, validate
 
     eps = {e.name: e.value for e in entry_points(group="sglang.srt.plugins")}
     assert eps.get("radixflow") == "radixflow_sglang.plugin:register"
@@ -75,17 +115,66 @@ def test_plugin_is_registered_off_by_default_and_validates_policy(monkeypatch):
     plugin.register()
     assert m.Scheduler is entry._UPSTREAM_CLASS
     monkeypatch.setenv("RADIXFLOW_POLICY", "nope")
-    with pytest.raises(ValueError, match="--radixflow-policy: invalid choice 'nope'"):
+    with pytest.raises(SystemExit, match="RADIXFLOW_POLICY: invalid choice 'nope'"):
         plugin.register()
     monkeypatch.setenv("RADIXFLOW_POLICY", "radixflow")
+    checks = validate.TokenizerManager._validate_one_request
     try:
         plugin.register()
         assert m.Scheduler.__name__ == "RadixFlowScheduler"
+        assert validate.installed()
     finally:
         m.Scheduler = entry._UPSTREAM_CLASS
+        validate.TokenizerManager._validate_one_request = checks
+
+
+PLUGINS = ("from sglang.srt.plugins import load_plugins; load_plugins(); "
+           "print('start-up went on')")
+
+
+@pytest.mark.parametrize("var, value, needle", [
+    ("RADIXFLOW_POLICY", "fast", "RADIXFLOW_POLICY: invalid choice 'fast' (choose from stock"),
+    ("RADIXFLOW_THETA", "abc", "RADIXFLOW_THETA: 'abc' is not an integer"),
+])
+def test_sglang_load_plugins_cannot_swallow_a_bad_variable(var, value, needle):
+    """SGLang's load_plugins logs and swallows a plugin's Exception (plugins/__init__.py); a
+    bad variable must stop start-up instead, naming it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
+    env.update({"RADIXFLOW_POLICY": "radixflow", var: value})
+    r = subprocess.run([sys.executable, "-c", PLUGINS], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "start-up went on" not in r.stdout
+    assert f"radixflow plugin: {needle}" in r.stderr and "not starting" in r.stderr
+
+
+def test_the_plugin_says_when_radixflow_is_active_and_with_which_policy():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
+    env.update(RADIXFLOW_POLICY="traversal")
+    r = subprocess.run([sys.executable, "-c", PLUGINS], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "start-up went on" in r.stdout, r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if "RadixFlow active" in x]
+    assert lines == ["[radixflow] RadixFlow active (plugin): policy traversal: native selection "
+                     "+ state-ready traversal + fork-point publication; request checks on"]
 
 
 def test_launcher_cli_rejects_bad_policy_before_starting_anything():
     r = subprocess.run([sys.executable, "-m", "radixflow_sglang.launch_server",
                         "--radixflow-policy", "bogus"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "invalid choice: 'bogus'" in r.stderr
+    assert r.returncode == 2 and "invalid choice 'bogus'" in r.stderr
+
+
+def test_launcher_help_lists_the_radixflow_flags_with_their_choices_and_sglangs():
+    r = subprocess.run([sys.executable, "-m", "radixflow_sglang.launch_server", "--help"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    ours = out.index("RadixFlow arguments:")
+    assert "--radixflow-policy {" + ",".join(POLICIES) + "}" in out
+    assert "--radixflow-executor {model,simulated}" in out
+    for s in SETTINGS:
+        assert s.flag in out[ours:] and s.var in out
+    sglang = out.index("server arguments")
+    assert ours < sglang and "--model-path MODEL_PATH" in out[sglang:]
+    assert "--chunked-prefill-size" in out[sglang:]

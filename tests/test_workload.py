@@ -10,10 +10,7 @@ import unicodedata
 
 import pytest
 
-# eval/ is not an installed package; import it from the repository root.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from eval import workload as wl  # noqa: E402
+from eval import workload as wl
 
 SHARED = wl.default_data_dir()
 needs_data = pytest.mark.skipif(

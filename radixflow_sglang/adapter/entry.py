@@ -9,7 +9,10 @@ upstream `run_scheduler_process` (scheduler.py) looks up as a module global, the
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import sys
+from typing import TYPE_CHECKING
 
 from . import check_sglang_version
 
@@ -17,9 +20,13 @@ check_sglang_version()
 
 import sglang.srt.managers.scheduler as _sched_mod  # noqa: E402
 
+if TYPE_CHECKING:
+    from radixflow_sglang.config import RadixFlowConfig
+
 _UPSTREAM_CLASS = _sched_mod.Scheduler
 _UPSTREAM_RUN = _sched_mod.run_scheduler_process
 logger = logging.getLogger(__name__)
+_announced = False
 
 
 def install(policy: str | None = None) -> type:
@@ -39,3 +46,28 @@ def run_scheduler_process(*args, **kwargs):
     logger.info("radixflow: scheduler class %s, policy %s", cls.__name__,
                 os.environ.get("RADIXFLOW_POLICY", "radixflow"))
     return _UPSTREAM_RUN(*args, **kwargs)
+
+
+def activate(cfg: RadixFlowConfig, origin: str) -> None:
+    """Every policy, in each process that loads RadixFlow (launcher: the launching one; plugin:
+    all): the request checks (validate.py), the scheduler class, one log line."""
+    from .validate import install as install_checks
+
+    install_checks()
+    install(cfg.policy)
+    announce(f"RadixFlow active ({origin}): policy {cfg.policy}: {cfg.spec.describe()}; "
+             "request checks on")
+
+
+def announce(msg: str) -> None:
+    """One INFO line (the first caller's: the launcher's before the plugin's), in the launching
+    process only (SGLang's spawned children run the plugin too); stderr when nothing would show
+    it (`sglang serve` loads plugins before it configures logging)."""
+    global _announced
+    if _announced or multiprocessing.parent_process() is not None:
+        return
+    _announced = True
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info(msg)
+    else:
+        print(f"[radixflow] {msg}", file=sys.stderr, flush=True)

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from radixflow_sglang.core.admission import Agreement, Decision, Demand, Gate, local_agreement
+from radixflow_sglang.config import RadixFlowConfig  # noqa: F401  (re-export, moved there)
+from radixflow_sglang.core.admission import Agreement, Gate, local_agreement
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
-from radixflow_sglang.core.policy import PolicySpec, policy_spec
 from radixflow_sglang.core.producers import Producer
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
 from . import check_sglang_version
+from .admission import AdmissionHold, Sleep
 
 check_sglang_version()
 
@@ -30,20 +33,6 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
-
-
-@dataclass(frozen=True)
-class RadixFlowConfig:
-    policy: str = "radixflow"
-    admission_ms: float | None = None
-    theta: int | None = None  # min ready-prefix gain worth a wait; default max(G, 64)
-    park_margin: int = 1  # rounds beyond the publish lag a request may stay parked
-    frag_cap: int = 2  # rounds a request may be deferred by the fragmentation guard
-    trace: str | None = None  # JSONL path for per-round and per-request events
-
-    @property
-    def spec(self) -> PolicySpec:
-        return policy_spec(self.policy, self.admission_ms)
 
 
 def namespace(req: Req) -> tuple:
@@ -65,9 +54,17 @@ def cache_grid(sched: Scheduler) -> Grid:
 
 
 class RadixFlowRuntime:
-    def __init__(self, cfg: RadixFlowConfig, grid: Grid, overlap: bool, clock=time.monotonic):
+    def __init__(self, cfg: RadixFlowConfig, grid: Grid, overlap: bool, *,
+                 clock=time.monotonic, sleep: Sleep = time.sleep,
+                 agreement: Agreement = local_agreement, metrics=None,
+                 reuse: bool = True) -> None:
+        """`clock`/`sleep`: what the hold reads and waits with (the twin: virtual time);
+        `agreement`: shares rank 0's hold decision; `metrics`: RadixFlowMetrics in a server with
+        --enable-metrics; `reuse`: False when the cache shares no prefix (--disable-radix-cache)."""
         self.cfg = cfg
-        self.spec = cfg.spec
+        # NOTE: without prefix reuse nothing a producer publishes can serve a consumer, and a
+        # fragment's state is never matched: traversal and the fragmentation guard are off.
+        self.spec = cfg.spec if reuse else replace(cfg.spec, traversal=False, frag=False)
         self.grid = grid
         self.clock = clock
         tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta)
@@ -80,20 +77,28 @@ class RadixFlowRuntime:
         self._trace = open(cfg.trace, "a", buffering=1) if cfg.trace else None  # noqa: SIM115
         adm = self.spec.admission
         self.gate = Gate(adm, self.spec.admission_ms) if adm else None
-        self.agreement: Agreement = local_agreement
-        self.sleep = time.sleep  # NOTE: the twin swaps in virtual time
-        self.held_iterations = 0
-        self.overtakes = 0
+        self.admission = None if self.gate is None else AdmissionHold(
+            self.gate, self.requests, self._register, release_parked,
+            clock=clock, sleep=sleep, agreement=agreement)
         self.frag_deferred: dict[str, int] = {}
-        self._release_reason = ""
-        self.metrics = None  # RadixFlowMetrics in a server with --enable-metrics
+        self.metrics = metrics
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
         self._seq = 0  # registration order
         self._held_since_round = 0
 
     @classmethod
-    def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig) -> RadixFlowRuntime:
-        return cls(cfg, cache_grid(sched), bool(getattr(sched, "enable_overlap", False)))
+    def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig,
+                      **collaborators) -> RadixFlowRuntime:
+        return cls(cfg, cache_grid(sched), bool(getattr(sched, "enable_overlap", False)),
+                   reuse=sched.tree_cache.supports_prefix_sharing(), **collaborators)
+
+    @property
+    def held_iterations(self) -> int:
+        return self.admission.held_iterations if self.admission is not None else 0
+
+    @property
+    def overtakes(self) -> int:
+        return self.admission.overtakes if self.admission is not None else 0
 
     # --- scan hooks (called from scan.py) ------------------------------------------------------
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
@@ -167,9 +172,9 @@ class RadixFlowRuntime:
         if self.traversal is not None:
             self.traversal.end_round(r.rid for r in run)
             s.wait_set = len(self.traversal.waits)
-        s.released_by_admission, self._release_reason = self._release_reason, ""
-        if self.spec.admission == "timer" and run:
-            self._count_overtakes(sched, run)
+        if self.admission is not None:
+            s.released_by_admission = self.admission.take_release_reason()
+            self.admission.count_overtakes(sched, run)
         s.t_end = self.clock()
         s.held += self.held_iterations - self._held_since_round
         self._held_since_round = self.held_iterations
@@ -203,63 +208,8 @@ class RadixFlowRuntime:
 
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
     def hold(self, sched: Scheduler, running_batch) -> bool:
-        """True: keep the queue out of this round (flexible admission / timer control)."""
-        queue = sched.waiting_queue
-        if self.gate is None or not queue:
-            return False
-        now = self.clock()
-        for r in queue:
-            self._register(r)
-        fresh = [r for r in queue if not self.requests[r.rid].eligible]
-        if not fresh:
-            return False  # NOTE: a request is held once at most; parked ones are not re-held
-        demand = self._demand(sched, running_batch, queue, fresh)
-        decision = self.gate.decide(demand, now)
-        if decision.reason == "deadline" and self.gate.mode == "timer":
-            # NOTE: a timer releases each request at its own deadline, nothing earlier.
-            cutoff = now - self.gate.deadline_s
-            due = sum(1 for r in fresh if self.requests[r.rid].registered <= cutoff)
-            decision = Decision(False, "deadline", due)
-        if decision.reason == "deadline" or decision.hold:
-            decision = self.agreement(decision)  # NOTE: the only clock-dependent outcomes
-        if not decision.hold:
-            self._release_reason = decision.reason
-            if decision.count >= 0:
-                # NOTE: registration order is the same on every rank (requests are registered
-                # in the iteration they first wait, in queue order); deadlines follow it.
-                fresh = sorted(fresh, key=lambda r: self.requests[r.rid].seq)[: decision.count]
-            for r in fresh:
-                self.requests[r.rid].eligible = True
-            return False
-        if len(fresh) < len(queue) or sched.chunked_req is not None:
-            # Eligible work waits (or a chunk continues): the round runs it; fresh requests
-            # stay out of the scan (`park` skips them), so nothing overtakes them.
-            return False
-        self.held_iterations += 1
-        wait = min(self.gate.wake_in(demand, now), self.gate.deadline_s)
-        poller = getattr(sched, "recv_from_tokenizer", None)
-        if hasattr(poller, "poll"):
-            poller.poll(timeout=max(1, int(wait * 1000)))  # wake on arrival or the deadline
-        elif wait > 0:
-            self.sleep(wait)
-        return True
-
-    def _demand(self, sched: Scheduler, running_batch, queue, fresh) -> Demand:
-        # NOTE: eligible requests still waiting are work this round will run (flex rule a).
-        busy = (not running_batch.is_empty() or sched.chunked_req is not None
-                or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
-        rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
-        budget, chunk = sched.max_prefill_tokens, sched.chunked_prefill_size
-        budget = min(budget, chunk) if chunk and chunk > 0 else budget
-        residual = sum(len(r.origin_input_ids) + len(r.output_ids) for r in queue)
-        if residual >= budget and not busy:  # NOTE: match only when the bound alone can't decide
-            residual = 0
-            for r in queue:
-                r.init_next_round_input(sched.tree_cache, cow_mamba=False)
-                release_parked(sched, r)
-                residual += len(r.origin_input_ids) + len(r.output_ids) - r.prefix_len
-        oldest = min(self.requests[r.rid].registered for r in fresh)
-        return Demand(len(fresh), oldest, busy, rows, budget, residual)
+        """True: keep the queue out of this round (adapter/admission.py)."""
+        return self.admission is not None and self.admission.hold(sched, running_batch)
 
     def defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """Skip a request this round, before it consumes anything, when admitting it would cut
@@ -287,21 +237,21 @@ class RadixFlowRuntime:
         return True
 
     # --- helpers ---------------------------------------------------------------------------
-    def _count_overtakes(self, sched: Scheduler, run) -> None:
-        chosen = {r.rid for r in run}
-        waiting = [self.requests[r.rid].registered for r in sched.waiting_queue
-                   if r.rid not in chosen and r.rid in self.requests]
-        if waiting:
-            first = min(waiting)
-            self.overtakes += sum(1 for r in run if r.rid in self.requests
-                                  and self.requests[r.rid].registered > first)
-
     def forget(self, rid: str) -> None:
         """The request left the scheduler without being selected (aborted): drop its records."""
         self.requests.pop(rid, None)
         self.frag_deferred.pop(rid, None)
         if self.traversal is not None:
             self.traversal.forget(rid)
+
+    def parked_rounds(self) -> Mapping[str, int]:
+        """Rounds each request has parked so far, kept until it leaves the queue (read-only)."""
+        waits = self.traversal.waits.total_rounds if self.traversal is not None else {}
+        return MappingProxyType(waits)
+
+    def parked(self) -> list[str]:
+        """Requests in the wait set now."""
+        return self.traversal.waits.rids() if self.traversal is not None else []
 
     def _records(self) -> int:
         waits = self.traversal.waits.total_rounds if self.traversal is not None else ()

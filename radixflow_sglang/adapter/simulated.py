@@ -8,7 +8,7 @@ TpModelWorker -> ModelRunner (model load, attention backends, CUDA graphs) the s
 forward, sleeps a cost-model time and emits one deterministic token per request.
 
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python -m radixflow_sglang.adapter.simulated \
-        --model-path launch/models/qwen3.5-0.8b --load-format dummy --device cpu \
+        --model-path radixflow_sglang/model_dirs/qwen3.5-0.8b --load-format dummy --device cpu \
         --context-length 8192 --host 127.0.0.1 --port 30000 --sleep-on-idle \
         --disable-overlap-schedule --mamba-radix-cache-strategy extra_buffer  # or no_buffer
 

@@ -1,15 +1,12 @@
-"""Readiness outcomes of one visited request (the paper's Ready / Blocked / Other)."""
+"""Why a visited request is Blocked (the paper's Ready / Blocked / Other).
+
+Ready and Other need no record: Ready is native admission's CONTINUE, Other every native
+non-CONTINUE result with native handling. Blocked carries the producer and the depth waited for.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
-
-
-class Outcome(StrEnum):
-    READY = "ready"  # the native admission accepted it
-    BLOCKED = "blocked"  # a live producer will publish a longer ready prefix: park it
-    OTHER = "other"  # every native non-CONTINUE result, skip or break
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,16 @@ class PolicySpec:
         return " + ".join(parts)
 
 
+ADMISSION_MS_RANGE = (0.0, 1000.0)  # the flexible hold's bound (ms) a user may set
+
+
 def policy_spec(name: str, admission_ms: float | None = None) -> PolicySpec:
+    # NOTE: neutral errors; radixflow_sglang/config.py names the flag or variable the user set
     if name not in POLICIES:
-        raise ValueError(
-            f"--radixflow-policy: invalid choice {name!r} (choose from {', '.join(POLICIES)})"
-        )
-    if admission_ms is not None and not 0 <= admission_ms <= 1000:
-        raise ValueError(f"--radixflow-admission-ms: {admission_ms} is outside [0, 1000]")
+        raise ValueError(f"invalid policy {name!r} (choose from {', '.join(POLICIES)})")
+    low, high = ADMISSION_MS_RANGE
+    if admission_ms is not None and not low <= admission_ms <= high:
+        raise ValueError(f"admission_ms {admission_ms} is outside [{low:g}, {high:g}]")
     flex_ms = 5.0 if admission_ms is None else admission_ms
     table = {
         "stock": (True, False, None, 0.0, False),

@@ -61,9 +61,6 @@ class ProducerIndex:
     def get(self, rid: str) -> Producer | None:
         return self._producers.get(rid)
 
-    def producers(self) -> list[Producer]:
-        return list(self._producers.values())
-
     def add(self, p: Producer) -> None:
         self.remove(p.rid)
         p.tokens = list(p.tokens)  # NOTE: slice compares need one sequence type

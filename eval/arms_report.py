@@ -1,0 +1,232 @@
+"""The live arms' report: summary.json, audit.json, timing.json and report.md from the arms
+that eval/run_arms.py ran, plus the output-agreement audit against the stock arm.
+
+Kept apart from running the arms so the report can be rebuilt and tested without servers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.report import MAIN_HEADERS, finite, fmt, main_rows, ratios, table
+
+BASELINE = "stock"
+
+
+@dataclass
+class LiveArm:
+    """What eval/report.py's table helpers read (ok, error, metrics, regime_metrics)."""
+
+    name: str
+    metrics: dict[str, Any] | None = None
+    error: str | None = None
+    wall_s: float = 0.0
+    replay_wall_s: float = 0.0
+    records: list[dict[str, Any]] = field(default_factory=list)
+    command: str = ""
+    error_detail: str | None = None  # the error with its server log tail
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def regime_metrics(self) -> dict[str, dict[str, Any]]:
+        return (self.metrics or {}).get("per_regime", {})
+
+
+# --------------------------------------------------------------------------------------------
+# Output-agreement audit
+# --------------------------------------------------------------------------------------------
+
+
+def first_token(r: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    if r.get("output_ids") and b.get("output_ids"):
+        return r["output_ids"][0], b["output_ids"][0], "token id"
+    return r.get("text"), b.get("text"), "text"
+
+
+def audit_arm(rows: Sequence[Mapping[str, Any]],
+              ref: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    compared = agreed = missing = input_differs = 0
+    how: set[str] = set()
+    differing = []
+    for r in rows:
+        b = ref.get(r["rid"])
+        if b is None or r.get("error") or r.get("done_s") is None:
+            missing += 1
+            continue
+        mine, theirs, kind = first_token(r, b)
+        how.add(kind)
+        compared += 1
+        same_input = r.get("prompt_tokens") == b.get("prompt_tokens")
+        input_differs += not same_input
+        if mine == theirs:
+            agreed += 1
+        else:
+            differing.append({"rid": r["rid"], "compared": kind, "arm": mine, "stock": theirs,
+                              "arm_prompt_tokens": r.get("prompt_tokens"),
+                              "stock_prompt_tokens": b.get("prompt_tokens"),
+                              "arm_cached_tokens": r.get("cached_tokens"),
+                              "stock_cached_tokens": b.get("cached_tokens")})
+    return {"compared": compared, "agreed": agreed, "differing": len(differing),
+            "missing": missing, "prompt_length_differs": input_differs,
+            "compared_by": sorted(how), "pairs": differing}
+
+
+def audit(arms: Mapping[str, LiveArm], base: str = BASELINE) -> dict[str, Any]:
+    """Exact first-token comparison per branch against the stock arm; differing pairs kept."""
+    if base not in arms or not arms[base].records:
+        return {"ran": False, "baseline": base,
+                "reason": f"no {base} records" + (f" ({arms[base].error})"
+                                                  if base in arms and arms[base].error else "")}
+    ref = {r["rid"]: r for r in arms[base].records
+           if not r.get("error") and r.get("done_s") is not None}
+    out: dict[str, Any] = {"ran": True, "baseline": base, "arms": {}}
+    for name, arm in arms.items():
+        if name != base:
+            out["arms"][name] = (audit_arm(arm.records, ref) if arm.records
+                                 else {"ran": False, "reason": arm.error or "no records"})
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def arm_summary(arm: LiveArm, base: LiveArm | None) -> dict[str, Any]:
+    if not arm.ok:
+        return {"failed": True, "error": arm.error, "error_detail": arm.error_detail,
+                "command": arm.command}
+    out = dict(arm.metrics or {})
+    out["command"] = arm.command
+    out["wall_s"] = arm.wall_s
+    out["replay_wall_s"] = arm.replay_wall_s
+    if base is not None and base.ok and base is not arm:
+        out["vs_stock"] = ratios(arm.metrics, base.metrics)
+    return out
+
+
+def latency_rows(arms: Mapping[str, LiveArm]) -> list[list[str]]:
+    rows = []
+    for name, a in arms.items():
+        if not a.ok:
+            continue
+        m = a.metrics
+        rows.append([name, fmt(m["latency_mean_s"]), fmt(m["latency_p50_s"]),
+                     fmt(m["latency_p95_s"]), fmt(m["latency_p99_s"]),
+                     fmt(m["offered_latency_mean_s"]), fmt(m["offered_latency_p95_s"]),
+                     fmt(m["sender_lag_mean_s"], 4), fmt(m["sender_lag_max_s"], 4),
+                     fmt(m["first_selection_mean_s"], 4), fmt(m["hit_tokens"]),
+                     fmt(m["input_tokens"]), m["counters"]])
+    return rows
+
+
+LATENCY_HEADERS = ["arm", "lat mean (s)", "p50", "p95", "p99", "offered lat mean (s)",
+                   "offered p95", "sender lag mean (s)", "lag max", "first sel. mean (s)",
+                   "hit tokens", "input tokens", "counters from"]
+
+
+def cap_rows(arms: Mapping[str, LiveArm]) -> list[list[str]]:
+    rows = []
+    for name, a in arms.items():
+        if a.ok:
+            m = a.metrics
+            rows.append([name, fmt(m["rounds"]), fmt(m["l_cap"]),
+                         fmt(m["rounds_over_l_cap"], 2), fmt(m["tokens_per_round"], 0),
+                         fmt(m["parked_max_rounds"]), fmt(m["leaked_kv_slots"]),
+                         fmt(m["leaked_mamba_slots"]), fmt(m["tokens_conserved"])])
+    return rows
+
+
+def audit_lines(aud: Mapping[str, Any]) -> list[str]:
+    if not aud.get("ran"):
+        return [f"Not run: {aud.get('reason')}.", ""]
+    rows = []
+    for name, a in aud["arms"].items():
+        if a.get("ran") is False:
+            rows.append([name, "-", "-", "-", "-", "-", a["reason"][:200].replace("|", "/")])
+            continue
+        rows.append([name, str(a["compared"]), str(a["agreed"]), str(a["differing"]),
+                     str(a["missing"]), str(a["prompt_length_differs"]),
+                     ", ".join(a["compared_by"])])
+    lines = table(["arm", "compared", "agreed", "differing", "missing", "prompt length differs",
+                    "compared by"], rows)
+    lines += ["", "Exact first generated token per branch vs the stock arm (token id when both "
+              "have output_ids, else the text the frontend returns). Differing pairs are all "
+              "in audit.json. The fork arm's prompts are re-tokenized text, so its prompt "
+              "lengths (and, with the simulated executor, its tokens) can differ by "
+              "construction.", ""]
+    return lines
+
+
+def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
+                    aud: Mapping[str, Any], total_wall_s: float) -> str:
+    cfg = ", ".join(f"{k}={v}" for k, v in config.items())
+    lines = ["# Live arms report", "",
+             "The workload replayed against a fresh real SGLang 0.5.23 HTTP server per arm "
+             "(eval/run_arms.py, eval/client.py).", "", f"Config: `{cfg}`", ""]
+    if config.get("executor") == "simulated":
+        c = config.get("sim_cost", {})
+        lines += [f"**No GPU: simulated executor.** Every forward sleeps c = {c.get('alpha')} s "
+                  f"+ {c.get('beta')} s/token + {c.get('gamma')} s/row "
+                  "(RADIXFLOW_SIM_ALPHA/BETA/GAMMA); latencies are that cost model plus the "
+                  "real server's overheads on this CPU, not GPU measurements. Generated tokens "
+                  "are a deterministic function of the prompt ids.", ""]
+    lines += ["## Arms (Table 1 style)", ""]
+    lines += table(MAIN_HEADERS, main_rows(arms))
+    lines += ["", "Latency = question send (pool slot) -> completion of its 4th branch. reuse = "
+              "hit / input tokens (hit = meta_info.cached_tokens). Rounds, rows/round, blocked "
+              "come from the server's --radixflow-trace; the stock arm has no trace, so they "
+              "are '-' (unknown) there and its scheduled tokens are prompt - cached.", ""]
+    lines += ["## Latency detail", ""]
+    lines += table(LATENCY_HEADERS, latency_rows(arms)) + [""]
+    regimes = sorted({reg for a in arms.values() if a.ok for reg in a.regime_metrics()})
+    if regimes:
+        lines += ["## Per regime (Table 4 style)", ""]
+        for reg in regimes:
+            lines += [f"### {reg}", ""]
+            lines += table(MAIN_HEADERS, main_rows(
+                arms, lambda r, reg=reg: r.regime_metrics().get(reg))) + [""]
+    lines += ["## Rounds over the capacity bound", ""]
+    lines += table(["arm", "rounds", "L_cap", "rounds / L_cap", "tokens/round",
+                     "parked max rounds", "leaked KV", "leaked mamba", "tokens conserved"],
+                    cap_rows(arms))
+    lines += ["", "L_cap: eval/twin.py's bound on the workload's ids under the server's "
+              "budgets. Leaks: 0 = SGLang's strict idle memory check passed after the replay. "
+              "tokens conserved: the trace's scheduled tokens == prompt - cached tokens (the "
+              "twin's conservation law; '-' without a trace).",
+              "", "## Output agreement audit", ""]
+    lines += audit_lines(aud)
+    lines += ["## Not reported", "",
+              "- Eq. 2 latency split and busy time: the trace has scan times, not forward "
+              "durations (eval/calibrate.py estimates them from scan gaps).", ""]
+    lines += ["## Wall time", ""]
+    lines += [f"- {n}: {a.wall_s:.1f} s (replay {a.replay_wall_s:.1f} s)"
+              + ("" if a.ok else f" FAILED: {a.error.splitlines()[0][:300]}")
+              for n, a in arms.items()]
+    lines += [f"- total: {total_wall_s:.1f} s", ""]
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, config: Mapping[str, Any], arms: Mapping[str, LiveArm],
+                  total_wall_s: float) -> dict[str, Any]:
+    aud = audit(arms)
+    base = arms.get(BASELINE)
+    summary = {"config": dict(config),
+               "arms": {n: arm_summary(a, base) for n, a in arms.items()},
+               "audit": {k: v for k, v in aud.items() if k != "arms"}
+               | {"arms": {n: {k: v for k, v in a.items() if k != "pairs"}
+                           for n, a in aud.get("arms", {}).items()}}}
+    (out / "summary.json").write_text(json.dumps(finite(summary), indent=1) + "\n")
+    (out / "audit.json").write_text(json.dumps(finite(aud), indent=1, default=str) + "\n")
+    timing = {n: {"wall_s": a.wall_s, "replay_wall_s": a.replay_wall_s} for n, a in arms.items()}
+    (out / "timing.json").write_text(json.dumps(timing | {"total_s": total_wall_s}, indent=1))
+    (out / "report.md").write_text(render_markdown(config, arms, aud, total_wall_s) + "\n")
+    return summary
+
+

@@ -1,0 +1,147 @@
+"""The admission hold: flexible admission and the timer controls on SGLang's scheduler loop.
+
+`RadixFlowScheduler.get_new_batch_prefill` asks `AdmissionHold.hold` once per pass whether the
+waiting queue stays out of this round. The rules are the engine-free `core.admission.Gate`;
+this module maps SGLang's queue, running batch and budgets onto its `Demand`, shares the
+clock-dependent outcome across the attention-TP group (`agreement`) and waits only while the
+scheduler has nothing else to run (a hold never delays running work).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from radixflow_sglang.core.admission import Agreement, Decision, Demand, Gate, local_agreement
+from radixflow_sglang.core.stats import RequestStats
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler import Scheduler
+
+Sleep = Callable[[float], None]
+
+
+class AdmissionHold:
+    """Holds fresh arrivals (not yet eligible) out of the scan until the gate releases them.
+
+    `requests` and `register` are the runtime's per-request records (shared with the scan
+    hooks, which skip requests that are not eligible); `release` frees what a request matched
+    while probing its demand (the runtime's `release_parked`)."""
+
+    def __init__(self, gate: Gate, requests: dict[str, RequestStats],
+                 register: Callable[[Req], None], release: Callable[[Scheduler, Req], None], *,
+                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = time.sleep,
+                 agreement: Agreement = local_agreement) -> None:
+        self.gate = gate
+        self.requests = requests
+        self.register = register
+        self.release = release
+        self.clock = clock
+        self.sleep = sleep
+        self.agreement = agreement
+        self.held_iterations = 0
+        self.waits = 0  # holds that waited (nothing else to run)
+        self.overtakes = 0
+        self.release_reason = ""  # why held requests were released since the last round
+
+    def hold(self, sched: Scheduler, running_batch) -> bool:
+        """True: keep the queue out of this round (flexible admission / timer control)."""
+        queue = sched.waiting_queue
+        if not queue:
+            return False
+        now = self.clock()
+        for r in queue:
+            self.register(r)
+        fresh = [r for r in queue if not self.requests[r.rid].eligible]
+        if not fresh:
+            return False  # NOTE: a request is held once at most; parked ones are not re-held
+        demand = self._demand(sched, running_batch, queue, fresh)
+        decision = self.gate.decide(demand, now)
+        if decision.reason == "deadline" and self.gate.mode == "timer":
+            # NOTE: a timer releases each request at its own deadline, nothing earlier.
+            cutoff = now - self.gate.deadline_s
+            due = sum(1 for r in fresh if self.requests[r.rid].registered <= cutoff)
+            decision = Decision(False, "deadline", due)
+        if decision.reason == "deadline" or decision.hold:
+            # NOTE: the only clock-dependent outcomes. Whether this is reached follows only
+            # from rank-identical rules (rows, busy, tokens), so every rank of the group calls
+            # the broadcast, or none does.
+            decision = self.agreement(decision)
+        if not decision.hold:
+            self._release(fresh, decision)
+            return False
+        if len(fresh) < len(queue) or sched.chunked_req is not None:
+            # Eligible work waits (or a chunk continues): the round runs it; fresh requests
+            # stay out of the scan (`park` skips them), so nothing overtakes them.
+            return False
+        self.held_iterations += 1
+        if not demand.busy:
+            # NOTE: only an otherwise idle scheduler waits (on its socket: an arrival wakes it);
+            # with a batch running or in flight the held requests just stay out of the scan.
+            wait = min(self.gate.wake_in(demand, now), self.gate.deadline_s)
+            if wait > 0:
+                self.waits += 1
+                self.sleep(wait)
+        return True
+
+    def _release(self, fresh: list[Req], decision: Decision) -> None:
+        self.release_reason = decision.reason
+        if decision.count >= 0:
+            # NOTE: registration order is the same on every rank (requests are registered in
+            # the iteration they first wait, in queue order); deadlines follow it.
+            fresh = sorted(fresh, key=lambda r: self.requests[r.rid].seq)[: decision.count]
+        for r in fresh:
+            self.requests[r.rid].eligible = True
+
+    def _demand(self, sched: Scheduler, running_batch, queue, fresh) -> Demand:
+        # NOTE: eligible requests still waiting are work this round will run (flex rule a).
+        busy = (not running_batch.is_empty() or sched.chunked_req is not None
+                or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
+        rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
+        budget, chunk = sched.max_prefill_tokens, sched.chunked_prefill_size
+        budget = min(budget, chunk) if chunk and chunk > 0 else budget
+        residual = sum(len(r.origin_input_ids) + len(r.output_ids) for r in queue)
+        if residual >= budget and not busy:  # NOTE: match only when the bound alone can't decide
+            residual = 0
+            for r in queue:
+                r.init_next_round_input(sched.tree_cache, cow_mamba=False)
+                self.release(sched, r)
+                residual += len(r.origin_input_ids) + len(r.output_ids) - r.prefix_len
+        oldest = min(self.requests[r.rid].registered for r in fresh)
+        return Demand(len(fresh), oldest, busy, rows, budget, residual)
+
+    def take_release_reason(self) -> str:
+        reason, self.release_reason = self.release_reason, ""
+        return reason
+
+    def count_overtakes(self, sched: Scheduler, run) -> None:
+        """Timer controls: selected requests that arrived after one still waiting."""
+        if self.gate.mode != "timer" or not run:
+            return
+        chosen = {r.rid for r in run}
+        waiting = [self.requests[r.rid].registered for r in sched.waiting_queue
+                   if r.rid not in chosen and r.rid in self.requests]
+        if waiting:
+            first = min(waiting)
+            self.overtakes += sum(1 for r in run if r.rid in self.requests
+                                  and self.requests[r.rid].registered > first)
+
+
+def scheduler_sleep(sched: Scheduler) -> Sleep:
+    """How a holding scheduler waits: on its tokenizer socket, so an arrival wakes it before the
+    deadline (the attention-TP group's first rank); ranks without the socket sleep. Under DP
+    attention a hold never waits: every DP rank steps in lockstep with the others (the
+    per-iteration all-gathers), so one rank's wait would delay the others' running batches."""
+    if getattr(sched, "attn_dp_enabled", False):
+        return lambda _seconds: None
+
+    def wait(seconds: float) -> None:
+        poller = getattr(sched, "recv_from_tokenizer", None)
+        if hasattr(poller, "poll"):
+            poller.poll(timeout=max(1, int(seconds * 1000)))
+        else:
+            time.sleep(seconds)
+
+    return wait

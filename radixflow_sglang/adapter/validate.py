@@ -1,0 +1,83 @@
+"""Request checks SGLang 0.5.23 lacks, made where it validates requests: before the scheduler.
+
+PATCH (one): managers/tokenizer_manager.py `TokenizerManager._validate_one_request(obj,
+input_ids)` runs in the HTTP / tokenizer-manager process for every (sub-)request once its token
+input is known (single, batch and parallel-sampling paths, text or input_ids), and a ValueError
+there becomes HTTP 400 (entrypoints/http_server.py `serve_generate_request`; the OpenAI routes
+map it the same way). Before upstream's own checks we reject
+
+- an empty token input (text "" that tokenizes to nothing, or input_ids []): SGLang admits it
+  as a 0-token row and its scheduler dies at mem_cache/common.py `release_kv_cache`'s
+  assertion, taking every client down (upstream's own `input_ids cannot be empty` check in
+  io_struct.py `_determine_batch_size` sees neither text "" nor an empty item of a batch);
+- a token id outside [0, vocab): a real model indexes its embedding with it.
+
+A session request (session_params with an id) may be empty here: the scheduler rebuilds its
+prompt from the session and rejects it itself if still empty (io_struct.py, same function).
+Installed in the launching process for every policy, stock included (launch_server.py), and by
+the plugin in every process it runs in. NOTE: SGLang's multi-tokenizer mode
+(--tokenizer-worker-num > 1) tokenizes in uvicorn worker processes that neither path reaches.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from . import check_sglang_version
+
+check_sglang_version()
+
+from sglang.srt.managers.tokenizer_manager import TokenizerManager  # noqa: E402
+
+_UPSTREAM_VALIDATE = TokenizerManager._validate_one_request
+
+
+def _is_session(obj: Any) -> bool:
+    params = getattr(obj, "session_params", None)
+    return isinstance(params, dict) and bool(params.get("id"))
+
+
+def token_input_problem(obj: Any, input_ids: list[int] | None, vocab_size: int) -> str | None:
+    """Why this request's token input must not reach the scheduler, or None."""
+    if getattr(obj, "input_embeds", None) is not None or input_ids is None:
+        return None  # embeddings carry the input; nothing tokenized to check
+    if len(input_ids) == 0:
+        if _is_session(obj):
+            return None
+        source = "input_ids" if getattr(obj, "input_ids", None) is not None else "text"
+        return (f"the token input is empty ({source} gives no tokens); "
+                "send at least one token")
+    if obj.contains_mm_input() or not vocab_size:
+        return None  # NOTE: the multimodal processor built these ids; its own pads are legal
+    try:
+        ids = array("q", input_ids)  # NOTE: C-speed min/max (HTTP already made them int64)
+    except (TypeError, OverflowError):
+        return "token ids must be integers in [0, vocabulary size)"
+    low, high = min(ids), max(ids)
+    if low >= 0 and high < vocab_size:
+        return None
+    pos, tok = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
+    return (f"token id {tok} at position {pos} is outside the vocabulary "
+            f"[0, {vocab_size}) (vocabulary size {vocab_size})")
+
+
+def check_token_input(obj: Any, input_ids: list[int] | None, vocab_size: int) -> None:
+    problem = token_input_problem(obj, input_ids, vocab_size)
+    if problem is not None:
+        rid = getattr(obj, "rid", None)
+        raise ValueError(f"request {rid!r}: {problem}" if isinstance(rid, str) else problem)
+
+
+def _validate_one_request(self: TokenizerManager, obj: Any, input_ids: list[int]) -> None:
+    check_token_input(obj, input_ids, self.model_config.vocab_size)
+    _UPSTREAM_VALIDATE(self, obj, input_ids)
+
+
+def install() -> None:
+    """Idempotent; patches the class, so a TokenizerManager built later is covered too."""
+    TokenizerManager._validate_one_request = _validate_one_request
+
+
+def installed() -> bool:
+    return TokenizerManager._validate_one_request is _validate_one_request

@@ -1,0 +1,198 @@
+"""The one config contract: `--radixflow-*` flag <-> RADIXFLOW_* variable <-> config field.
+
+Every setting is defined once in SETTINGS (its field, type, default, range or choices, help).
+The launcher builds its flags from it and hands the validated config to SGLang's spawned
+processes through the variables (`to_env`); each scheduler process and the plugin read them back
+(`config_from_env`). Checks raise `ConfigError` naming the field; the layer that knows where a
+value came from renders it with the flag or the variable the user actually set.
+
+Engine-free (no SGLang import), so `--help` and argument errors are fast.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from radixflow_sglang.core.policy import ADMISSION_MS_RANGE, POLICIES, PolicySpec, policy_spec
+
+FLAG_PREFIX = "--radixflow-"
+ENV_PREFIX = "RADIXFLOW_"
+EXECUTORS = ("model", "simulated")
+KIND_NAMES = {int: "an integer", float: "a number", str: "a string"}
+
+
+class ConfigError(ValueError):
+    """A bad setting. `problem` never names a flag or variable: `render` adds the name the user
+    set (one field: "NAME: problem"; several: the problem is a template with {0}, {1}, ...)."""
+
+    def __init__(self, fields: tuple[str, ...], problem: str,
+                 names: Mapping[str, str] | None = None) -> None:
+        self.fields, self.problem = fields, problem
+        self.names = dict(FIELD_NAMES if names is None else names)
+        super().__init__(self.render(self.names))
+
+    def __reduce__(self) -> tuple:  # NOTE: picklable across processes (args is the message)
+        return (ConfigError, (self.fields, self.problem, self.names))
+
+    def render(self, names: Mapping[str, str]) -> str:
+        labels = [names.get(f, f) for f in self.fields]
+        if len(labels) == 1:
+            return f"{labels[0]}: {self.problem}"
+        return self.problem.format(*labels)
+
+    def named(self, names: Mapping[str, str]) -> ConfigError:
+        return ConfigError(self.fields, self.problem, names)
+
+
+@dataclass(frozen=True)
+class Setting:
+    field: str
+    kind: type  # int, float or str
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    unit: str = ""
+    path: bool = False  # a file to write: its directory must exist
+    env: bool = True  # False: a launcher-only flag (no variable, not a RadixFlowConfig field)
+
+    @property
+    def flag(self) -> str:
+        return FLAG_PREFIX + self.field.replace("_", "-")
+
+    @property
+    def var(self) -> str | None:
+        return ENV_PREFIX + self.field.upper() if self.env else None
+
+    def num(self, x: float) -> str:
+        return str(int(x)) if self.kind is int and math.isfinite(x) else f"{x:g}"
+
+    def parse(self, text: str) -> Any:
+        """Text (a flag's argument or a variable's value) -> checked value; neutral errors."""
+        if self.kind is int:
+            try:
+                value = int(text)
+            except ValueError:
+                raise ConfigError((self.field,), f"{text!r} is not {KIND_NAMES[int]}") from None
+        elif self.kind is float:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ConfigError((self.field,), f"{text!r} is not {KIND_NAMES[float]}") from None
+        else:
+            value = text
+        self.check(value)
+        return value
+
+    def check(self, value: Any) -> None:
+        if value is None:
+            return
+        kinds = (int, float) if self.kind is float else (self.kind,)
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise ConfigError((self.field,), f"{value!r} is not {KIND_NAMES[self.kind]}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError((self.field,), f"invalid choice {value!r} "
+                                             f"(choose from {', '.join(self.choices)})")
+        if self.low is not None and not (math.isfinite(value) and self.low <= value <= self.high):
+            raise ConfigError((self.field,), f"{self.num(value)} is outside the allowed range "
+                                             f"[{self.num(self.low)}, {self.num(self.high)}]"
+                                             f"{self.unit}")
+        if self.path:
+            parent = Path(value).resolve().parent
+            if not parent.is_dir():
+                raise ConfigError((self.field,), f"directory {parent} does not exist")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("policy", str, "radixflow", "admission / selection policy", choices=POLICIES),
+    Setting("admission_ms", float, None,
+            "flexible admission hold bound in ms (default 5; timer5/timer10 fix theirs)",
+            low=ADMISSION_MS_RANGE[0], high=ADMISSION_MS_RANGE[1], unit=" ms"),
+    Setting("theta", int, None, "minimum ready-prefix gain (tokens) worth a wait; "
+            "default max(G, 64)", low=1, high=1 << 20),
+    Setting("park_margin", int, 1, "rounds beyond the publish lag a request may stay parked",
+            low=0, high=1000),
+    Setting("frag_cap", int, 2, "rounds radixflow-frag may defer one request", low=0, high=1000),
+    Setting("trace", str, None, "per-round and per-request JSONL trace path (not with stock)",
+            path=True),
+)
+LAUNCHER_SETTINGS: tuple[Setting, ...] = (
+    Setting("executor", str, None, "model (GPU) or simulated (CPU cost model); default: model "
+            "if a GPU is visible", choices=EXECUTORS, env=False),
+)
+BY_FIELD = {s.field: s for s in SETTINGS + LAUNCHER_SETTINGS}
+FIELD_NAMES = {s.field: f"RadixFlowConfig.{s.field}" for s in SETTINGS}
+FLAG_NAMES = {s.field: s.flag for s in SETTINGS + LAUNCHER_SETTINGS}
+VAR_NAMES = {s.field: s.var for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class RadixFlowConfig:
+    """The validated settings of one scheduler process (defaults: SETTINGS)."""
+
+    policy: str = "radixflow"
+    admission_ms: float | None = None
+    theta: int | None = None  # min ready-prefix gain worth a wait; default max(G, 64)
+    park_margin: int = 1  # rounds beyond the publish lag a request may stay parked
+    frag_cap: int = 2  # rounds a request may be deferred by the fragmentation guard
+    trace: str | None = None  # JSONL path for per-round and per-request events
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            BY_FIELD[f.name].check(getattr(self, f.name))
+        if self.trace and self.policy == "stock":
+            # NOTE: stock runs SGLang's unmodified scheduler class, which writes no trace
+            raise ConfigError(("trace", "policy"), "{0} is set but {1} is stock, which runs "
+                                                   "SGLang's unmodified scheduler and writes no "
+                                                   "trace: drop {0} or choose another policy")
+
+    @property
+    def spec(self) -> PolicySpec:
+        return policy_spec(self.policy, self.admission_ms)
+
+    def to_env(self) -> dict[str, str | None]:
+        """The variables that carry this config to spawned processes (None: unset it)."""
+        return {s.var: None if getattr(self, s.field) is None else str(getattr(self, s.field))
+                for s in SETTINGS}
+
+
+def build(texts: Mapping[str, str], names: Mapping[str, str],
+          parsed: Mapping[str, Any] | None = None) -> RadixFlowConfig:
+    """A config from per-field texts (and already-parsed values); errors name `names[field]`."""
+    values = dict(parsed or {})
+    try:
+        for field, text in texts.items():
+            values[field] = BY_FIELD[field].parse(text)
+        return RadixFlowConfig(**values)
+    except ConfigError as e:
+        raise e.named(names) from None
+
+
+def env_texts(env: Mapping[str, str]) -> dict[str, str]:
+    """The settings a RADIXFLOW_* variable sets (empty values count as unset)."""
+    return {s.field: env[s.var] for s in SETTINGS if env.get(s.var)}
+
+
+def config_from_env(env: Mapping[str, str] | None = None) -> RadixFlowConfig:
+    """The scheduler processes' and the plugin's config; errors name the variable."""
+    return build(env_texts(os.environ if env is None else env), VAR_NAMES)
+
+
+def argparse_type(setting: Setting) -> Callable[[str], Any]:
+    """An argparse `type=`: argparse reports its error as "argument FLAG: problem"."""
+    import argparse
+
+    def parse(text: str) -> Any:
+        try:
+            return setting.parse(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(e.problem) from None
+
+    parse.__name__ = setting.field  # NOTE: argparse names the type in some messages
+    return parse

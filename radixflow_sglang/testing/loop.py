@@ -1,0 +1,188 @@
+"""One virtual-time loop: the scheduler twin (eval/twin.py) and the soak (eval/soak.py) drive a
+`Kit` through it. One clock, one completion log, one idle guard.
+
+Timeline (SGLang's `event_loop_normal` / `event_loop_overlap`, scheduler.py)
+----------------------------------------------------------------------------
+* `now` is the time of the scheduler's next scan. Before each scan every arrival due by `now`
+  is submitted; when nothing is waiting, chunked or in flight, `now` jumps to the next arrival.
+* One step = `Kit.step()` (scan, launch, process a result). A launched round takes `host`
+  seconds of scheduler CPU time (scan + batch preparation; 0 when `host` is None) and then
+  `cost` seconds on the GPU: start = max(now + host, gpu_free), end = start + cost. Without
+  overlap the step processes the round just launched, so `now` moves to its end and the host
+  time adds to the round; with overlap it processes the previous round, so `now` moves to that
+  one's end and the host time hides behind the forward still running (as the overlap loop
+  does), unless it is longer.
+* A request completes at the end of the round whose result completed it.
+* The runtime's clock reads `now`; its sleep (an admission hold) advances `now` to the hold's
+  deadline or the next arrival, whichever is first (a real scheduler polls its socket).
+* Idle guard: a step that launches nothing, processes nothing and sleeps no time costs
+  IDLE_TICK_S (or less, up to the next arrival); MAX_IDLE_SCANS such steps in a row raise.
+
+Hooks: `on_launch(Launch)` after each launched round, `on_complete(rid, t)` per completion,
+`on_forward(rows, tokens, seconds)` per forward (a runtime's cost estimator can observe the
+simulated GPU time there), `before_step()` (aborts, retractions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+IDLE_TICK_S = 5e-4  # virtual time a scan that launches, processes and sleeps nothing takes
+MAX_IDLE_SCANS = 200_000  # 100 s of virtual time without progress: raise
+
+T = TypeVar("T")
+
+
+class VirtualClock:
+    """The runtime's clock and sleep. A hold sleeps until its deadline or the next arrival."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.next_arrival = math.inf
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now = min(self.now + max(0.0, seconds), max(self.now, self.next_arrival))
+
+
+class CompletionLog:
+    """Completions per request, in order; fed by `Kit.on_complete` (keeps no Req)."""
+
+    def __init__(self) -> None:
+        self.count: Counter[str] = Counter()
+        self.order: list[str] = []
+
+    def install(self, kit: Any) -> CompletionLog:
+        kit.on_complete = self.record
+        kit.keep_finished = False
+        return self
+
+    def record(self, req: Any) -> None:
+        self.count[req.rid] += 1
+        self.order.append(req.rid)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launched round in virtual time."""
+
+    round: Any  # the kit's Round
+    scan_s: float  # when the scan that formed it ran
+    host_s: float  # scheduler CPU time charged to it (scan + batch preparation)
+    start_s: float  # on the GPU
+    end_s: float
+
+
+HostCost = Callable[[Any, Any], float]  # (Round, ScanTiming) -> seconds
+
+
+@dataclass
+class VirtualLoop:
+    """Drives `kit` (or a Harness around it: `stepper`) in virtual time; see the module doc."""
+
+    kit: Any
+    cost: Callable[[Any], float]  # Round -> GPU seconds
+    host: HostCost | None = None  # None: the scan is free (the old twin)
+    stepper: Any = None  # has .step() -> Round | None and .busy (default: the kit)
+    clock: VirtualClock = field(default_factory=VirtualClock)
+    log: CompletionLog | None = None  # default: a new one installed on the kit
+    on_launch: Callable[[Launch], None] | None = None
+    on_complete: Callable[[str, float], None] | None = None
+    on_forward: Callable[[int, int, float], None] | None = None
+    before_step: Callable[[], None] | None = None
+    idle_tick_s: float = IDLE_TICK_S
+    max_idle_scans: int = MAX_IDLE_SCANS
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        self.stepper = self.stepper or self.kit
+        self.log = self.log or CompletionLog().install(self.kit)
+        rt = self.kit.runtime
+        if rt is not None and rt.clock is not self.clock and rt.clock() != self.clock():
+            raise RuntimeError("the kit's runtime does not read the loop's virtual clock")
+        self.now = 0.0
+        self.gpu_free = 0.0
+        self.steps = 0
+        self.host_s = 0.0  # total scheduler CPU time charged
+        self.completed: list[tuple[str, float]] = []  # (rid, completion time), in order
+        self._inflight: deque[Launch] = deque()
+        self._seen = 0
+
+    def run(self, arrivals: Iterable[T], at: Callable[[T], float],
+            submit: Callable[[T], None]) -> float:
+        """Submit `arrivals` (in time order) at `at(a)` and step until everything has drained;
+        return `now`, which is then also the end of the last forward."""
+        pending = deque(arrivals)
+        clock, sched = self.clock, self.kit.sched
+        idle = 0
+        while True:
+            while pending and at(pending[0]) <= self.now:
+                submit(pending.popleft())
+            if not self.stepper.busy:
+                if not pending:
+                    break
+                self.now = max(self.now, at(pending[0]))
+                continue
+            if self.before_step is not None:
+                self.before_step()
+            now = self.now
+            clock.now = now
+            clock.next_arrival = at(pending[0]) if pending else math.inf
+            before = len(sched.result_queue)
+            rnd = self.stepper.step()
+            self.steps += 1
+            if rnd is not None:
+                self._launch(rnd, now)
+            slept = clock.now > now  # an admission hold slept in virtual time
+            self.now = max(now, clock.now)
+            popped = before + (rnd is not None) - len(sched.result_queue)
+            end = self.now
+            for _ in range(popped):
+                end = self._inflight.popleft().end_s
+                self.now = max(self.now, end)
+            self._completions(end)
+            if rnd is None and popped == 0:
+                idle += 1
+                if idle > self.max_idle_scans:
+                    raise RuntimeError(
+                        f"{self.label}: no progress for {idle} scans at t={self.now:.3f}s with "
+                        f"{len(sched.waiting_queue)} waiting")
+                if not slept:
+                    self.now = min(clock.next_arrival, self.now + self.idle_tick_s)
+            else:
+                idle = 0
+        if self._inflight:
+            raise RuntimeError(f"{self.label}: {len(self._inflight)} batches never processed")
+        self.now = max(self.now, self.gpu_free)
+        return self.now
+
+    def _launch(self, rnd: Any, now: float) -> None:
+        c = self.cost(rnd)
+        h = self.host(rnd, self.kit.last_scan) if self.host is not None else 0.0
+        ready = now + h if self.host is not None else now
+        start = max(ready, self.gpu_free)
+        end = start + c
+        self.gpu_free = end
+        self.host_s += h
+        launch = Launch(rnd, now, h, start, end)
+        self._inflight.append(launch)
+        if self.on_forward is not None:
+            self.on_forward(len(rnd.rids), rnd.scheduled_tokens, c)
+        if self.on_launch is not None:
+            self.on_launch(launch)
+
+    def _completions(self, t: float) -> None:
+        """Requests completed this step: at the end of the round whose result was processed."""
+        order = self.log.order
+        while self._seen < len(order):
+            rid = order[self._seen]
+            self._seen += 1
+            self.completed.append((rid, t))
+            if self.on_complete is not None:
+                self.on_complete(rid, t)

@@ -1,0 +1,60 @@
+"""Two gloo ranks on CPU (issue 13 item 6): whatever each rank's hold decides, every rank runs
+the same collectives in the same order (SGLang's real PrefillDelayer all-gather and the hold's
+own agreement broadcast); a mismatch blocks a rank until the group's timeout fails the run."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch.multiprocessing as mp
+
+from radixflow_sglang.testing.ranks import Scenario, run_ranks
+
+# DP attention: rank 0's queue holds a lone arrival while rank 1's is empty (then gets one).
+DP = {0: {0: ("a",)}, 1: {6: ("b",)}}
+# One attention-TP group of two ranks (skewed clocks) sharing one queue.
+TP = {0: {0: ("q0",), 2: ("q1",), 4: ("q2",), 7: ("q3",)}}
+SCENARIOS = (
+    Scenario("dp", policy="flex", passes=10, arrivals=DP),
+    Scenario("dp", policy="timer5", passes=10, arrivals=DP),
+    Scenario("tp", policy="radixflow", passes=24, arrivals=TP),
+    Scenario("tp", policy="timer10", passes=24, arrivals=TP),
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Both ranks run every scenario in one spawn (each rank imports SGLang once)."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(run_ranks, args=(SCENARIOS, _free_port(), out), nprocs=2, join=True)
+        return {n: (out[(n, 0)], out[(n, 1)]) for n in range(len(SCENARIOS))}
+
+
+def _selected(rounds) -> list[str]:
+    return [rid for r in rounds if r for rid in r]
+
+
+@pytest.mark.parametrize("n", [0, 1], ids=["flex", "timer5"])
+def test_dp_ranks_gather_every_pass_while_one_holds(results, n):
+    sc = SCENARIOS[n]
+    r0, r1 = results[n]
+    assert r0.gathers == r1.gathers == sc.passes  # one all-gather per pass on every rank
+    assert r0.rounds[0] is None and _selected(r0.rounds) == ["a"]  # rank 0 held, then ran a
+    assert _selected(r1.rounds) == ["b"]
+
+
+@pytest.mark.parametrize("n", [2, 3], ids=["radixflow", "timer10"])
+def test_tp_ranks_share_the_hold_and_gather_every_pass(results, n):
+    sc = SCENARIOS[n]
+    r0, r1 = results[n]
+    assert r0.rounds == r1.rounds and sorted(_selected(r0.rounds)) == ["q0", "q1", "q2", "q3"]
+    assert r0.gathers == r1.gathers == sc.passes
+    assert r0.broadcasts == r1.broadcasts > 0  # both ranks called the hold's broadcast alike
