@@ -248,12 +248,25 @@ SCAN_HOOKS = [
           "producer"),
     (234, "    rf.end_scan(self, adder)  # RADIXFLOW: round counters"),
 ]
-# RadixFlowScheduler.get_new_batch_prefill, as reviewed (the admission hold wraps upstream's).
+# RadixFlowScheduler's two entry points, as reviewed: the hold wraps upstream's
+# get_new_batch_prefill (its PrefillDelayer collective runs on every pass) and a held pass skips
+# the scan the way upstream's empty queue does.
 OVERRIDE = '''\
-    def get_new_batch_prefill(self, running_batch):
-        if self.radixflow.hold(self, running_batch):
-            return NextBatchPlan(batch_to_run=None, running_batch=running_batch)
-        return super().get_new_batch_prefill(running_batch)
+    def get_new_batch_prefill(self, running_batch) -> NextBatchPlan:
+        # NOTE: a held pass still goes through upstream's get_new_batch_prefill, so the
+        # PrefillDelayer runs its per-pass all-gather (finalize negotiates "not prefillable",
+        # as for an empty queue): under DP attention every rank joins it whatever it holds.
+        self._radixflow_held = self.radixflow.hold(self, running_batch)
+        try:
+            return super().get_new_batch_prefill(running_batch)
+        finally:
+            self._radixflow_held = False
+'''
+RAW_WRAPPER = '''\
+    def _get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch):
+        if self._radixflow_held:
+            return None, running_batch  # held: no scan this pass (as upstream's empty queue)
+        return get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch)
 '''
 # The Scheduler methods RadixFlowScheduler replaces (anything else is SGLang's own).
 OVERRIDDEN = {"_get_new_batch_prefill_raw", "get_internal_state", "get_new_batch_prefill"}
@@ -401,6 +414,7 @@ def test_the_get_new_batch_prefill_override_is_the_reviewed_one():
     from radixflow_sglang.adapter.scheduler import RadixFlowScheduler
 
     assert inspect.getsource(RadixFlowScheduler.get_new_batch_prefill) == OVERRIDE
+    assert inspect.getsource(RadixFlowScheduler._get_new_batch_prefill_raw) == RAW_WRAPPER
     replaced = {n for n, v in vars(RadixFlowScheduler).items()
                 if callable(v) and hasattr(sched_mod.Scheduler, n)}
     assert replaced == OVERRIDDEN

@@ -272,10 +272,10 @@ def test_the_copied_scan_reads_the_upstream_module_namespace():
     import sglang.srt.managers.scheduler as sched_mod
 
     from radixflow_sglang.adapter import scan
-    from radixflow_sglang.adapter.scheduler import RadixFlowScheduler
+    from radixflow_sglang.adapter import scheduler as ours
 
     assert scan.get_new_batch_prefill_raw.__globals__ is sched_mod.__dict__
-    assert RadixFlowScheduler._get_new_batch_prefill_raw is scan.get_new_batch_prefill_raw
+    assert ours.get_new_batch_prefill_raw is scan.get_new_batch_prefill_raw  # what it calls
 
 
 @pytest.mark.parametrize("model, layout", CASES)
