@@ -68,6 +68,7 @@ from pathlib import Path
 import numpy as np
 
 from radixflow_sglang import models
+from radixflow_sglang.core.cost import prior_from_geometry
 from radixflow_sglang.geometry import load_geometry
 
 PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, see docstring)
@@ -108,20 +109,15 @@ def default_cost(model: str, *, attention: bool = True) -> CostModel:
         raise ValueError(f"no parameter count for {model!r}; known: {', '.join(models.names())}")
     geo = load_geometry(model)
     t = models.text_config(model)
-    vocab, hidden = t["vocab_size"], t["hidden_size"]
-    tables = 1 if t.get("tie_word_embeddings", False) else 2
-    flops_per_s = PEAK_FLOPS * MFU
-    p_tok = models.get(model).params - tables * vocab * hidden
-    beta = 2 * p_tok / flops_per_s
-    gamma = ROW_OVERHEAD_S + 2 * vocab * hidden / flops_per_s
-    if geo.hybrid:
-        gamma += 2 * geo.state_bytes / HBM_BYTES_PER_S
-    delta = 0.0
-    if attention:
-        heads = t["num_attention_heads"]
-        head_dim = t.get("head_dim") or t.get("attention_head_dim") or hidden // heads
-        delta = 4 * len(geo.full_layers) * heads * head_dim / flops_per_s
-    return CostModel(ALPHA_S, beta, gamma, delta, source=f"default:{model}")
+    heads = t["num_attention_heads"]
+    head_dim = t.get("head_dim") or t.get("attention_head_dim") or t["hidden_size"] // heads
+    # NOTE: the derivation lives in the core (the server derives its prior the same way).
+    c = prior_from_geometry(
+        models.get(model).params, t["vocab_size"], t["hidden_size"],
+        t.get("tie_word_embeddings", False),
+        state_bytes=geo.state_bytes if geo.hybrid else 0,
+        full_layers=len(geo.full_layers) if attention else 0, heads=heads, head_dim=head_dim)
+    return CostModel(c.alpha, c.beta, c.gamma, c.delta, source=f"default:{model}")
 
 
 def cost_with(model: str, *, alpha_ms: float | None = None, beta_us: float | None = None,

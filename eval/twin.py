@@ -347,6 +347,9 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         kit.submit(*[kit.req(b.rid, b.input_ids, b.namespace) for b in q.branches])
 
     gpu = gpu or (lambda rnd: cost.batch(rnd.extend, rnd.prefix))
+    if rt is not None:
+        rt.use_prior(default_cost(model))  # NOTE: what a server derives; the fit learns `cost`
+        gpu = _observed(gpu, rt)
     loop = VirtualLoop(kit, gpu, host=host,
                        clock=clock, on_launch=launched, on_complete=completed,
                        on_forward=on_forward, label=policy)
@@ -390,6 +393,18 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         result.metrics["host_s"] = loop.host_s
     result.wall_s = time.perf_counter() - t_wall
     return result
+
+
+def _observed(gpu, rt):
+    """The runtime's round-cost fit sees every forward's virtual time, as a server's does."""
+
+    def timed(rnd) -> float:
+        c = gpu(rnd)
+        rt.observe_forward(len(rnd.extend), rnd.scheduled_tokens, c,
+                           pairs=attn_pairs(rnd.extend, rnd.prefix))
+        return c
+
+    return timed
 
 
 def _check_conservation(result: ArmResult, branches: dict[str, _Branch]) -> None:
@@ -482,6 +497,7 @@ def _all_metrics(result: ArmResult, branches: dict[str, _Branch], rt, leaks: dic
     m = subset(set(range(len(result.segments))))
     totals = rt.totals if rt is not None else None
     m["blocked"] = totals.blocked if totals else 0
+    m["recomputed"] = totals.recomputed if totals else 0  # Blocked, cost rule: recompute
     m["parked_max_rounds"] = totals.parked_max_rounds if totals else 0
     m["forks"] = totals.forks if totals else 0
     m["released_by_bound"] = totals.released_by_bound if totals else 0

@@ -158,6 +158,19 @@ def simulated_args(rest: list[str]) -> list[str]:
     return rest + extra
 
 
+def cpu_rank_binding(ranks: int) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND for `ranks` CPU scheduler ranks: this process's cores split
+    evenly (ranks share cores when there are fewer cores than ranks).
+
+    NOTE: SGLang (utils/numa_utils.py init_threads_binding) asserts one NUMA node per rank
+    unless the variable is set, so `--dp-size 2` on a one-node box dies at start-up."""
+    cores = sorted(os.sched_getaffinity(0))
+    if ranks > len(cores):
+        cores = cores * ranks
+    per = len(cores) // ranks
+    return "|".join(",".join(map(str, cores[i * per:(i + 1) * per])) for i in range(ranks))
+
+
 def scheduler_entry(executor: str):
     if executor == "simulated":
         from radixflow_sglang.adapter.simulated import (
@@ -205,6 +218,11 @@ def main(argv: list[str] | None = None) -> None:
     server_args = prepare_server_args(rest)
     server_args.resolve_once()
     activate(cfg, f"launcher, executor {executor}")  # NOTE: request checks for every policy
+    ranks = server_args.dp_size * server_args.tp_size * server_args.pp_size
+    if executor == "simulated" and ranks > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+        os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_rank_binding(ranks)
+        logger.info("%d CPU scheduler ranks: SGLANG_CPU_OMP_THREADS_BIND=%s", ranks,
+                    os.environ["SGLANG_CPU_OMP_THREADS_BIND"])
     try:
         launch_server(server_args, run_scheduler_process_func=entry)
     finally:

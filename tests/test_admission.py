@@ -45,17 +45,19 @@ def test_empty_queue_changes_nothing():
 
 
 def test_each_policy_composes_exactly_its_pieces():
-    comp = {n: (s.native_class, s.traversal, s.admission, s.admission_ms, s.frag)
+    comp = {n: (s.native_class, s.traversal, s.admission, s.admission_ms, s.frag, s.cost_aware)
             for n in POLICIES for s in [policy_spec(n)]}
     assert comp == {
-        "stock": (True, False, None, 0.0, False),
-        "radix": (False, False, None, 0.0, False),
-        "timer5": (False, False, "timer", 5.0, False),
-        "timer10": (False, False, "timer", 10.0, False),
-        "flex": (False, False, "flex", 5.0, False),
-        "traversal": (False, True, None, 0.0, False),
-        "radixflow": (False, True, "flex", 5.0, False),
-        "radixflow-frag": (False, True, "flex", 5.0, True),
+        "stock": (True, False, None, 0.0, False, False),
+        "radix": (False, False, None, 0.0, False, False),
+        "timer5": (False, False, "timer", 5.0, False, False),
+        "timer10": (False, False, "timer", 10.0, False, False),
+        "flex": (False, False, "flex", 5.0, False, False),
+        "traversal": (False, True, None, 0.0, False, True),
+        "radixflow": (False, True, "flex", 5.0, False, True),
+        "radixflow-frag": (False, True, "flex", 5.0, True, True),
+        "traversal-always": (False, True, None, 0.0, False, False),
+        "radixflow-always": (False, True, "flex", 5.0, False, False),
     }
     assert policy_spec("radixflow", admission_ms=2.0).admission_ms == 2.0
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 
 import pytest
@@ -262,21 +261,40 @@ def test_lookup_of_an_unrelated_request_stops_at_the_first_block(n_producers):
     assert q2.slices == 640 // 64 + 1
 
 
-def test_lookup_time_does_not_grow_with_unrelated_producers():
-    def timed(n):
+class CountingDict(dict):
+    """The index's hash table, counting probes (what a lookup's time is made of)."""
+
+    probes = 0
+
+    def get(self, key, default=None):
+        self.probes += 1
+        return super().get(key, default)
+
+
+def test_lookup_work_does_not_grow_with_unrelated_producers(monkeypatch):
+    # NOTE: counted operations, not wall time: hash probes, hashed blocks and token compares.
+    compares = {"n": 0}
+    real = producers_mod.common_prefix
+
+    def counting(a, b, step=64):
+        compares["n"] += 1
+        return real(a, b, step)
+
+    monkeypatch.setattr(producers_mod, "common_prefix", counting)
+
+    def work(n):
         idx = ProducerIndex(block=64)
         for i in range(n):
             idx.add(prod(f"p{i}", toks(10_000 * (i + 1), 200)))
-        qs = [toks(100_000_000 + 3000 * j, 2000) for j in range(1000)]
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            for q in qs:
-                idx.longest(None, q)
-            best = min(best, time.perf_counter() - t)
-        return best
+        idx._by_hash = CountingDict(idx._by_hash)
+        compares["n"] = slices = 0
+        for j in range(1000):
+            q = CountingTokens(toks(100_000_000 + 3000 * j, 2000))
+            assert idx.longest(None, q) is None
+            slices += q.slices
+        return idx._by_hash.probes, slices, compares["n"]
 
-    assert timed(2000) / timed(20) < 3
+    assert work(2000) == work(20) == (1000, 1000, 0)  # one probe, one block, no compare each
 
 
 def test_lookup_cost_does_not_grow_with_producers_sharing_the_prefix(monkeypatch):
@@ -590,9 +608,11 @@ def test_each_policy_composition(name):
     s = policy_spec(name)
     assert s.name == name
     assert s.native_class == (name == "stock")
-    assert s.traversal == (name in ("traversal", "radixflow", "radixflow-frag"))
+    assert s.traversal == (name in ("traversal", "radixflow", "radixflow-frag",
+                                    "traversal-always", "radixflow-always"))
+    assert s.cost_aware == (name in ("traversal", "radixflow", "radixflow-frag"))
     want_adm = {"timer5": "timer", "timer10": "timer", "flex": "flex", "radixflow": "flex",
-                "radixflow-frag": "flex"}.get(name)
+                "radixflow-frag": "flex", "radixflow-always": "flex"}.get(name)
     assert s.admission == want_adm
     assert s.frag == (name == "radixflow-frag")
     if name.startswith("timer"):
@@ -606,6 +626,8 @@ def test_each_policy_composition(name):
     assert ("state-ready traversal" in text) == s.traversal
     assert ("flexible admission" in text) == (want_adm == "flex")
     assert ("fragmentation guard" in text) == s.frag
+    assert ("cost-aware wait" in text) == (s.traversal and s.cost_aware)
+    assert ("always wait" in text) == (s.traversal and not s.cost_aware)
 
 
 def test_flex_never_traverses_and_traversal_never_holds():

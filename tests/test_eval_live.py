@@ -207,7 +207,11 @@ def test_run_arms_end_to_end(tmp_path):
     assert arms["stock"]["rounds_source"] == "sglang log"
     assert arms["stock"]["rounds"] == arms["stock"]["rounds_sglang_log"] > 0
     assert arms["radixflow"]["rounds"] > 0 and arms["radixflow-fork"]["rounds"] > 0
-    assert arms["radixflow"]["hit_tokens"] >= arms["stock"]["hit_tokens"]
+    # NOTE: no cross-arm reuse comparison here: live arrivals make it timing-dependent (the
+    # arms' ratios are eval/run_arms.py's report); each arm's count must match its own records
+    for name in arms:
+        rows = client.read_jsonl(out / f"arm-{name}" / "requests.jsonl")
+        assert arms[name]["hit_tokens"] == sum(r.get("cached_tokens") or 0 for r in rows), name
     assert arms["radixflow"]["leaked_kv_slots"] == 0
     assert summary["audit"]["ran"]
     aud = summary["audit"]["arms"]["radixflow"]

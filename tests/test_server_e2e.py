@@ -1,5 +1,9 @@
 """End to end through the front door: `python -m radixflow_sglang.launch_server` (embedded
-Qwen3.5-0.8B geometry, simulated executor) as a real server on 127.0.0.1."""
+Qwen3.5-0.8B geometry, simulated executor) as a real server on 127.0.0.1.
+
+Deterministic on a busy machine: what shares a round is set by the forward gate
+(radixflow_sglang/testing/gate.py), which holds a forward until the test has seen its requests
+(and aborts) reach the scheduler's waiting queue; no sleeps, no timing assumptions."""
 
 from __future__ import annotations
 
@@ -8,16 +12,16 @@ import os
 import signal
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from radixflow_sglang.testing.gate import GateControl  # noqa: E402
 from radixflow_sglang.testing.server import Server, free_port, request_json  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -29,24 +33,59 @@ def server(tmp_path_factory):
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1",  # SGLang's own leak check raises
-               RADIXFLOW_SIM_BETA="2e-4")  # 2,000 tokens take 0.4 s: long enough to abort
+               RADIXFLOW_SIM_GATE=str(tmp / "gate"))
     env.pop("RADIXFLOW_POLICY", None)
     log = tmp / "server.log"
     cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
            "--port", str(port), "--enable-metrics", "--disable-overlap-schedule",
-           # NOTE: a 50 ms hold, so concurrent test branches share a round on a busy 2-core box
            "--radixflow-admission-ms", "50",
            "--radixflow-trace", str(tmp / "trace.jsonl")]
     with Server(cmd, env, log, port, cwd=ROOT) as srv:  # NOTE: eval/run_arms.py's server handling
-        srv.wait_ready(300)
-        yield srv.base, srv.proc, log, tmp / "trace.jsonl"
+        srv.wait_ready(600)  # NOTE: a hang bound
+        gate = GateControl(tmp / "gate", alive=lambda: srv.check_alive("while a test waits"))
+        yield SimpleNamespace(base=srv.base, proc=srv.proc, log=log, trace=tmp / "trace.jsonl",
+                              gate=gate, srv=srv)
 
 
 def _generate(base, ids, rid=None):
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
     if rid:
         body["rid"] = rid
-    return request_json(base + "/generate", body, timeout=120)[1]
+    return request_json(base + "/generate", body, timeout=300)[1]
+
+
+def _start(base, rid, ids, results) -> threading.Thread:
+    def send():
+        try:
+            results[rid] = _generate(base, ids, rid=rid)
+        except urllib.error.HTTPError as e:  # an aborted request may answer with an error
+            results[rid] = {"error": e.code}
+        except Exception as e:  # NOTE: recorded, so the test fails on it instead of hanging
+            results[rid] = {"error": repr(e)}
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    return t
+
+
+def _hold_then_queue(s, tag: str, requests: dict[str, list[int]], results: dict) -> tuple:
+    """A blocker request's forward waits at the gate until every request in `requests` sits in
+    the scheduler's waiting queue: the next scan sees them all at once. Returns (the blocker's
+    forward number, the threads); the gate stays closed."""
+    s.gate.close()
+    threads = [_start(s.base, f"{tag}-blocker", list(range(60_000, 60_100)), results)]
+    held = s.gate.wait(lambda st: f"{tag}-blocker" in st["batch"], "the blocker's forward")
+    threads += [_start(s.base, rid, ids, results) for rid, ids in requests.items()]
+    s.gate.wait(lambda st: set(requests) <= set(st["waiting"]), f"{sorted(requests)} queued")
+    return held["forward"], threads
+
+
+def _join(threads, results) -> None:
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a request never answered"
+    errs = {r: v for r, v in results.items() if isinstance(v.get("error"), str)}
+    assert not errs, errs
 
 
 def _events(trace: Path) -> list[dict]:
@@ -54,26 +93,36 @@ def _events(trace: Path) -> list[dict]:
 
 
 def test_four_branches_park_then_hit_the_fork_state(server):
-    base, _, _, trace = server
+    s = server
     doc = list(range(10_000, 12_000))
-    branches = [doc + [20_000 + 50 * i + j for j in range(40)] for i in range(4)]
-    with ThreadPoolExecutor(4) as ex:
-        outs = list(ex.map(lambda ids: _generate(base, ids), branches))
-    info = request_json(base + "/server_info")[1]["internal_states"][0]["radixflow"]
+    branches = {f"fb-{i}": doc + [20_000 + 50 * i + j for j in range(40)] for i in range(4)}
+    results: dict = {}
+    try:
+        _, threads = _hold_then_queue(s, "fb", branches, results)
+    finally:
+        s.gate.open()
+    _join(threads, results)
+    outs = [results[r] for r in branches]
+    info = request_json(s.base + "/server_info")[1]["internal_states"][0]["radixflow"]
     assert info["policy"] == "radixflow" and info["grid"] == 64 and info["blocked"] >= 1
     # no_buffer (SGLang's choice without overlap) cuts the producer at the fork: 2,000;
     # extra_buffer publishes on the grid: 1,984.
     fork = len(doc) if info["layout"] == "no_buffer" else len(doc) // 64 * 64
     cached = sorted(o["meta_info"]["cached_tokens"] for o in outs)
     assert cached[0] == 0 and cached[1:] == [fork] * 3  # one producer; the rest hit the fork
-    rounds = [e for e in _events(trace) if e["event"] == "round"]
+    rounds = [e for e in _events(s.trace) if e["event"] == "round"]
     assert sum(e["blocked"] for e in rounds) == info["blocked"]
+    # the cost-aware rule ran on a fit of the simulated executor's measured forwards
+    assert info["wait_rule"] == "cost-aware" and "cost-aware wait" in info["composition"]
+    forwards = [e for e in _events(s.trace) if e["event"] == "forward"]
+    assert forwards and all(e["duration_s"] > 0 for e in forwards)
+    assert info["cost"]["observed"] == len(forwards) and info["cost"]["beta_s"] > 0
 
 
 def test_sglang_frontend_fork_program_runs_unchanged(server):
     import sglang as sgl
 
-    base = server[0]
+    base = server.base
 
     @sgl.function
     def four(s, doc, q, opts):
@@ -89,48 +138,48 @@ def test_sglang_frontend_fork_program_runs_unchanged(server):
 
 
 def test_metrics_count_radixflow_rounds(server):
-    base = server[0]
-    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+    with urllib.request.urlopen(server.base + "/metrics", timeout=30) as r:
         text = r.read().decode()
     rounds = [ln for ln in text.splitlines() if ln.startswith("radixflow_rounds_total")]
     assert rounds and float(rounds[0].rsplit(" ", 1)[1]) >= 2
     assert "radixflow_blocked_total" in text and "radixflow_round_tokens_bucket" in text
+    assert 'radixflow_round_cost{' in text and 'term="beta"' in text
+    assert "radixflow_forward_seconds_bucket" in text
 
 
 def test_abort_while_parked_leaks_nothing(server):
-    base, proc, log, trace = server
+    s = server
     doc = list(range(30_000, 32_000))
     ids = {f"park-{i}": doc + [40_000 + 50 * i + j for j in range(40)] for i in range(3)}
-    results = {}
-
-    def send(rid):
-        try:
-            results[rid] = _generate(base, ids[rid], rid=rid)
-        except urllib.error.HTTPError as e:  # an aborted request may answer with an error
-            results[rid] = {"error": e.code}
-
-    before = request_json(base + "/server_info")[1]["internal_states"][0]["radixflow"]["blocked"]
-    threads = [threading.Thread(target=send, args=(rid,)) for rid in ids]
-    for t in threads:  # together, inside one admission hold: one produces, two park
-        t.start()
-    time.sleep(0.2)  # the producer's forward takes ~0.4 s; the other two are parked now
-    request_json(base + "/abort_request", {"rid": "park-2"})
-    for t in threads:
-        t.join(timeout=120)
-    info = request_json(base + "/server_info")[1]["internal_states"][0]["radixflow"]
+    results: dict = {}
+    before = request_json(s.base + "/server_info")[1]["internal_states"][0]["radixflow"]["blocked"]
+    try:
+        blocker, threads = _hold_then_queue(s, "park", ids, results)
+        s.gate.release(blocker)  # the next forward (the producer's) waits at the gate
+        prod = s.gate.wait(lambda st: st["forward"] > blocker, "the producer's forward")
+        assert len(prod["batch"]) == 1 and prod["batch"][0] in ids, prod  # one produces
+        parked = [r for r in prod["waiting"] if r in ids]
+        assert len(parked) == 2, prod  # two park behind it
+        victim = parked[-1]
+        request_json(s.base + "/abort_request", {"rid": victim})
+        s.gate.wait(lambda st: st["forward"] == prod["forward"] and victim not in st["waiting"],
+                    f"the abort of parked {victim}")
+    finally:
+        s.gate.open()
+    _join(threads, results)
+    info = request_json(s.base + "/server_info")[1]["internal_states"][0]["radixflow"]
     assert info["blocked"] - before >= 2
-    done = [results[r] for r in ("park-0", "park-1")]
+    done = [results[r] for r in ids if r != victim]
     assert all(d["meta_info"]["finish_reason"]["type"] == "length" for d in done)
     assert max(d["meta_info"]["cached_tokens"] for d in done) >= 1984
-    aborted = results["park-2"]
+    aborted = results[victim]
     assert "error" in aborted or aborted["meta_info"]["finish_reason"]["type"] == "abort"
-    time.sleep(2)  # idle: SGLang's strict leak check runs and would raise on a leak
-    assert request_json(base + "/health", timeout=10)[0] == 200 and proc.poll() is None
-    assert "memory leak detected" not in log.read_text()
+    s.srv.idle_leak_check()  # SGLang's strict idle check ran on a fully idle loop and passed
+    assert request_json(s.base + "/health", timeout=10)[0] == 200 and s.proc.poll() is None
+    assert "memory leak detected" not in s.log.read_text()
 
 
 def test_server_shuts_down_cleanly(server):
-    _, proc, log, _ = server
-    os.killpg(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=30) is not None
-    assert "Traceback" not in log.read_text()
+    os.killpg(server.proc.pid, signal.SIGTERM)
+    assert server.proc.wait(timeout=120) is not None  # NOTE: a hang bound
+    assert "Traceback" not in server.log.read_text()

@@ -18,7 +18,7 @@ from radixflow_sglang.testing.server import Server, free_port, request_json
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "radixflow_sglang" / "model_dirs" / "qwen3.5-0.8b"
-START_TIMEOUT_S = 240
+START_TIMEOUT_S = 600  # NOTE: a hang bound: start-up takes minutes on a loaded 2-core box
 
 
 @pytest.fixture(params=["stock"])  # radixflow: test_server_e2e.py
@@ -89,5 +89,5 @@ def test_four_branches_on_a_shared_document(server):
 
     # Clean shutdown: SIGTERM drains and exits the whole process tree.
     os.killpg(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=30) is not None
+    assert proc.wait(timeout=120) is not None  # NOTE: a hang bound, not a timing claim
     assert "Traceback" not in log.read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 
@@ -272,7 +273,12 @@ def test_latency_is_batch_cost(overlap):
     assert res.metrics["first_selection_mean_s"] == 0.0
 
 
-def test_admission_hold_runs_in_virtual_time(segs, arms):
+def test_admission_hold_runs_in_virtual_time(segs, arms, monkeypatch):
+    def real_sleep(seconds):
+        raise AssertionError(f"the twin slept {seconds} s of wall time")
+
+    # NOTE: the runtime binds time.sleep when built; the twin must replace it with virtual time
+    monkeypatch.setattr(time, "sleep", real_sleep)
     res = twin.replay(segs, MODEL, "timer5")
     assert res.metrics["held_iterations"] > 0
     # a hold delays selection by at most the 5 ms deadline per request, in virtual time

@@ -3,9 +3,12 @@
 Wall clocks differ per rank; the gate's clock-dependent outcome is broadcast from the group's
 first rank over SGLang's CPU (gloo) group, as SGLang's PrefillDelayer shares its state
 (managers/prefill_delayer.py `_gather_info`). Rank-identical outcomes are not broadcast.
+Measured prefill forward durations (the round-cost fit's input) are broadcast the same way.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,3 +34,22 @@ def group_agreement(group) -> Agreement:
 
 def scheduler_agreement(sched) -> Agreement:
     return group_agreement(getattr(sched, "attn_tp_cpu_group", None))
+
+
+def forward_share(group) -> Callable[[float], float]:
+    """Rank 0's measured forward duration for every rank of the group (the round-cost fit must
+    be identical everywhere, and each rank's clock measures a slightly different forward)."""
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return float
+    src = dist.get_global_rank(group, 0)
+
+    def share(seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64)
+        dist.broadcast(t, src=src, group=group)
+        return float(t[0])
+
+    return share
+
+
+def scheduler_forward_share(sched) -> Callable[[float], float]:
+    return forward_share(getattr(sched, "attn_tp_cpu_group", None))

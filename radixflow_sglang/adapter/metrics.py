@@ -7,10 +7,12 @@ and `/metrics` aggregates every process's samples. Only the stats-logging rank r
 
 from __future__ import annotations
 
+from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.stats import RoundStats
 
 ROW_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (0, 64, 256, 1024, 2048, 4096, 8192, 16384)
+FORWARD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class RadixFlowMetrics:
@@ -31,6 +33,13 @@ class RadixFlowMetrics:
                                 names, buckets=(0, 1, 2, 3, 4, 8))
         self.wait_set = Gauge("radixflow_wait_set", "Parked requests now", names,
                               multiprocess_mode="mostrecent")
+        self.recomputed = Counter("radixflow_recomputed",
+                                  "Blocked requests the cost rule sent to recompute", names)
+        self.forward = Histogram("radixflow_forward_seconds", "Measured prefill forward time",
+                                 names, buckets=FORWARD_BUCKETS)
+        self.fit = Gauge("radixflow_round_cost", "Round-cost fit: c = alpha + beta * tokens + "
+                         "gamma * rows + delta * pairs (seconds per unit)",
+                         [*names, "term"], multiprocess_mode="mostrecent")
 
     def on_round(self, s: RoundStats, parked_rounds: list[int], held: int) -> None:
         lab = self.labels
@@ -45,10 +54,36 @@ class RadixFlowMetrics:
         for n in parked_rounds:
             self.parked.labels(**lab).observe(n)
         self.wait_set.labels(**lab).set(s.wait_set)
+        if s.recomputed:
+            self.recomputed.labels(**lab).inc(s.recomputed)
+
+    def on_forward(self, seconds: float, fit: CostCoeffs) -> None:
+        lab = self.labels
+        if seconds == seconds:  # NOTE: NaN = not measured
+            self.forward.labels(**lab).observe(seconds)
+        for term in ("alpha", "beta", "gamma", "delta"):
+            self.fit.labels(**lab, term=term).set(getattr(fit, term))
+
+
+def dp_rank_of(_sched=None) -> int | None:
+    """This scheduler process's data-parallel rank; None without DP or outside a server.
+
+    NOTE: SGLang 0.5.23's Scheduler has no `dp_rank` attribute; the rank lives in
+    runtime_context's ParallelContext (`dp_rank`: the DP controller's replica rank, None
+    without DP; `attn_dp_rank` under DP attention)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        p = get_parallel()
+        if p.dp_rank is not None:
+            return p.dp_rank
+        return p.attn_dp_rank if p.attn_dp_size > 1 else None
+    except (AttributeError, RuntimeError, ValueError):  # NOTE: no published parallel context
+        return None
 
 
 def scheduler_metrics(sched, policy: str) -> RadixFlowMetrics | None:
     rep = getattr(sched, "metrics_reporter", None)
     if rep is None or not rep.enable_metrics or not rep.is_stats_logging_rank:
         return None
-    return RadixFlowMetrics(policy, {"dp_rank": str(getattr(sched, "dp_rank", None) or 0)})
+    return RadixFlowMetrics(policy, {"dp_rank": str(dp_rank_of(sched) or 0)})

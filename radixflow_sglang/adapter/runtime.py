@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.config import RadixFlowConfig  # noqa: F401  (re-export, moved there)
 from radixflow_sglang.core.admission import Agreement, Gate, local_agreement
+from radixflow_sglang.core.cost import GENERIC_PRIOR, CostCoeffs, RoundCostEstimator, RoundView
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.producers import Producer
@@ -57,17 +58,22 @@ class RadixFlowRuntime:
     def __init__(self, cfg: RadixFlowConfig, grid: Grid, overlap: bool, *,
                  clock=time.monotonic, sleep: Sleep = time.sleep,
                  agreement: Agreement = local_agreement, metrics=None,
-                 reuse: bool = True) -> None:
+                 reuse: bool = True, prior: CostCoeffs | None = None) -> None:
         """`clock`/`sleep`: what the hold reads and waits with (the twin: virtual time);
         `agreement`: shares rank 0's hold decision; `metrics`: RadixFlowMetrics in a server with
-        --enable-metrics; `reuse`: False when the cache shares no prefix (--disable-radix-cache)."""
+        --enable-metrics; `reuse`: False when the cache shares no prefix (--disable-radix-cache);
+        `prior`: the round-cost fit's starting point (core/cost.py)."""
         self.cfg = cfg
         # NOTE: without prefix reuse nothing a producer publishes can serve a consumer, and a
         # fragment's state is never matched: traversal and the fragmentation guard are off.
         self.spec = cfg.spec if reuse else replace(cfg.spec, traversal=False, frag=False)
         self.grid = grid
         self.clock = clock
-        tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta)
+        tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta,
+                                       self.spec.cost_aware)
+        self.cost = RoundCostEstimator(prior or GENERIC_PRIOR)
+        self.share_forward = lambda seconds: seconds  # NOTE: a server broadcasts rank 0's
+        self._scan: _ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         self.totals = Totals()
         self.requests: dict[str, RequestStats] = {}
@@ -85,12 +91,16 @@ class RadixFlowRuntime:
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
         self._seq = 0  # registration order
         self._held_since_round = 0
+        self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
     @classmethod
     def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig,
                       **collaborators) -> RadixFlowRuntime:
+        from .costprior import scheduler_prior
+
         return cls(cfg, cache_grid(sched), bool(getattr(sched, "enable_overlap", False)),
-                   reuse=sched.tree_cache.supports_prefix_sharing(), **collaborators)
+                   reuse=sched.tree_cache.supports_prefix_sharing(),
+                   prior=scheduler_prior(sched), **collaborators)
 
     @property
     def held_iterations(self) -> int:
@@ -109,6 +119,7 @@ class RadixFlowRuntime:
         if self.traversal is None:
             self.stats = RoundStats(self.round, t_start=self.clock())
             return
+        self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
         if self._no_buffer_fork_possible(sched, adder):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
@@ -143,6 +154,14 @@ class RadixFlowRuntime:
         if b is None:
             t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
             return False
+        if self.spec.cost_aware:
+            self._scan = self._scan or _ScanView.of(sched)
+            verdict = t.decide(cand, b, self._scan.view(req, adder), self.cost.coeffs)
+            if not verdict.wait:
+                t.waits.release(req.rid)  # recomputing its gain now costs less
+                self.stats.recomputed += 1
+                return False
+            self._scan.parked(len(tokens) - b.depth)
         if not t.park(cand, b):
             return False
         release_parked(sched, req)
@@ -192,11 +211,35 @@ class RadixFlowRuntime:
         if s.rows or s.blocked:
             self._emit({"event": "round", **s.as_dict()})
 
+    def use_prior(self, prior) -> None:
+        """Restart the round-cost fit from `prior` (anything with alpha/beta/gamma[/delta])."""
+        self.cost = RoundCostEstimator(CostCoeffs(
+            prior.alpha, prior.beta, prior.gamma, getattr(prior, "delta", 0.0),
+            getattr(prior, "source", "custom")))
+
+    def observe_forward(self, rows: int, tokens: int, seconds: float, **extra) -> float:
+        """One prefill forward's measured duration: agreed across ranks (rank 0's value),
+        recorded in the trace, fed to the round-cost fit. Every rank must call it for every
+        prefill forward in the same order (it runs a collective in a server). `extra`: `pairs`
+        (full-attention query-key pairs, fitted as a term) and anything worth tracing."""
+        seconds = float(self.share_forward(float(seconds)))
+        pairs = float(extra.get("pairs", 0.0))
+        accepted = self.cost.observe(rows, tokens, seconds, pairs)
+        self._emit({"event": "forward", "round": self.round, "rows": rows,
+                    "scheduled_tokens": tokens, "duration_s": seconds, "accepted": accepted,
+                    **extra})
+        if self.metrics is not None and hasattr(self.metrics, "on_forward"):
+            self.metrics.on_forward(seconds, self.cost.coeffs)
+        return seconds
+
     def summary(self) -> dict:
         """Counters for /server_info and metrics (plain data)."""
         t = self.totals
         return {
             "policy": self.spec.name, "composition": self.spec.describe(),
+            "wait_rule": (None if self.traversal is None
+                          else "cost-aware" if self.spec.cost_aware else "always"),
+            "recomputed": t.recomputed, "cost": self.cost.as_dict(),
             "grid": self.grid.size, "layout": self.grid.layout.value,
             "rounds": t.rounds, "blocked": t.blocked, "forks": t.forks,
             "released_by_bound": t.released_by_bound, "parked_max_rounds": t.parked_max_rounds,
@@ -325,6 +368,8 @@ class RadixFlowRuntime:
 
     def _emit(self, record: dict) -> None:
         if self._trace is not None:
+            if self.dp_rank is not None:
+                record = {"dp_rank": self.dp_rank, **record}
             self._trace.write(json.dumps(record, default=str) + "\n")
 
 
@@ -347,6 +392,55 @@ def _chunk_cut(sched: Scheduler, adder: PrefillAdder, req: Req, left: int) -> in
     if align is not None:
         cut = cut // align * align
     return (req.prefix_len + cut) // page * page - req.prefix_len
+
+
+@dataclass
+class _ScanView:
+    """Per-scan, rank-identical inputs of the cost-aware wait rule (core/cost.py RoundView):
+    the waiting queue's order and token demand, the budgets, the running decode rows."""
+
+    pos: dict[str, int]  # rid -> queue position
+    after: list[int]  # after[i]: input tokens of queue entries i.. (upper bound of demand)
+    queued: int
+    running: int
+    mean_extend: float
+    token_budget: int
+    row_budget: int
+    parked_tokens: int = 0
+    parked_rows: int = 0
+
+    @classmethod
+    def of(cls, sched: Scheduler) -> _ScanView:
+        q = sched.waiting_queue
+        lens = [len(r.origin_input_ids) + len(r.output_ids) for r in q]
+        after = [0] * (len(lens) + 1)
+        for i in range(len(lens) - 1, -1, -1):
+            after[i] = after[i + 1] + lens[i]
+        chunk = sched.chunked_prefill_size
+        budget = sched.max_prefill_tokens
+        budget = min(budget, chunk) if chunk and chunk > 0 else budget
+        running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
+        return cls({r.rid: i for i, r in enumerate(q)}, after, len(q), running,
+                   after[0] / len(q) if q else 1.0, budget, sched.max_running_requests)
+
+    def view(self, req: Req, adder: PrefillAdder) -> RoundView:
+        run = adder.can_run_list
+        i = self.pos.get(req.rid, self.queued - 1)
+        left = adder.rem_input_tokens
+        if adder.rem_chunk_tokens is not None:
+            left = min(left, adder.rem_chunk_tokens)
+        selected = sum(1 for r in run if r.rid in self.pos)
+        return RoundView(
+            rows=len(run), behind=self.queued - selected + self.running,
+            budget_left=max(int(left), 0), demand_after=self.after[i + 1],
+            mean_extend=self.mean_extend,
+            rows_left=max(self.row_budget - self.running - len(run), 0),
+            parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
+            token_budget=self.token_budget, row_budget=self.row_budget)
+
+    def parked(self, extend: int) -> None:
+        self.parked_tokens += extend
+        self.parked_rows += 1
 
 
 def release_parked(sched: Scheduler, req: Req) -> None:

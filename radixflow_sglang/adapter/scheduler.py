@@ -10,9 +10,10 @@ check_sglang_version()
 
 from sglang.srt.managers.scheduler import NextBatchPlan, Scheduler  # noqa: E402
 
+from . import forward_timer  # noqa: E402
 from .admission import scheduler_sleep  # noqa: E402
-from .agreement import scheduler_agreement  # noqa: E402
-from .metrics import scheduler_metrics  # noqa: E402
+from .agreement import scheduler_agreement, scheduler_forward_share  # noqa: E402
+from .metrics import dp_rank_of, scheduler_metrics  # noqa: E402
 from .runtime import RadixFlowRuntime  # noqa: E402
 from .scan import get_new_batch_prefill_raw  # noqa: E402
 
@@ -37,11 +38,35 @@ class RadixFlowScheduler(Scheduler):
                     "metrics": scheduler_metrics(self, cfg.policy)}
         self._radixflow = RadixFlowRuntime.for_scheduler(self, cfg, **{**defaults,
                                                                        **collaborators})
+        # NOTE: rank 0's measured forward time feeds every rank's round-cost fit.
+        self._radixflow.share_forward = scheduler_forward_share(self)
+        self._radixflow.dp_rank = dp_rank_of(self)  # NOTE: DP ranks share one trace file
         return self._radixflow
+
+    def run_batch(self, batch, *args, **kwargs):
+        """Upstream's run_batch, with a prefill forward's duration measured around it."""
+        if not batch.forward_mode.is_extend():
+            return super().run_batch(batch, *args, **kwargs)
+        token = forward_timer.start(self)
+        result = super().run_batch(batch, *args, **kwargs)
+        forward_timer.stop(token, result)
+        return result
+
+    def process_batch_result(self, batch, result):
+        out = super().process_batch_result(batch, result)
+        if batch.forward_mode.is_extend():
+            # NOTE: every rank processes the same batches in the same order, so the broadcast
+            # inside observe_forward runs on every rank, in order.
+            rows, tokens, pairs = forward_timer.batch_shape(batch)
+            self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result),
+                                           pairs=pairs, forward_iter=batch.forward_iter)
+        return out
 
     def get_internal_state(self, recv_req):
         out = super().get_internal_state(recv_req)
-        out.internal_state["radixflow"] = self.radixflow.summary()  # shown by /server_info
+        # NOTE: with DP, /server_info lists ranks in answer order: the rank says whose it is
+        out.internal_state["radixflow"] = {"dp_rank": dp_rank_of(self) or 0,
+                                           **self.radixflow.summary()}
         return out
 
     def get_new_batch_prefill(self, running_batch) -> NextBatchPlan:

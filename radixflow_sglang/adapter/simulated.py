@@ -14,7 +14,8 @@ forward, sleeps a cost-model time and emits one deterministic token per request.
 
 `--device cpu` lets server-arg resolution and the gloo process groups run without CUDA (do not
 set SGLANG_USE_CPU_ENGINE). Overlap scheduling (omit --disable-overlap-schedule) also runs.
-RADIXFLOW_POLICY selects the scheduler class; RADIXFLOW_SIM_ALPHA/BETA/GAMMA the cost model.
+RADIXFLOW_POLICY selects the scheduler class; RADIXFLOW_SIM_ALPHA/BETA/GAMMA the cost model;
+RADIXFLOW_SIM_GATE (tests only) lets a test hold each forward (radixflow_sglang/testing/gate.py).
 
 `run_scheduler_process_simulated` is handed to `http_server.launch_server` as its
 `run_scheduler_process_func`; the scheduler child is spawned, so its patches happen there.
@@ -28,6 +29,7 @@ import time
 from types import SimpleNamespace
 
 from . import check_sglang_version
+from .forward_timer import SIM_ATTR
 from .pools import cpu_pools
 
 check_sglang_version()
@@ -90,6 +92,10 @@ def run_scheduler_process_simulated(*args, **kwargs):
 def _init_tp_model_worker(self) -> None:
     logger.info("radixflow: simulated model worker, scheduler class %s", type(self).__name__)
     self.tp_worker = SimulatedWorker(self.server_args)
+    if os.environ.get("RADIXFLOW_SIM_GATE"):  # NOTE: test hook, radixflow_sglang/testing/gate.py
+        from ..testing.gate import ForwardGate
+
+        self.tp_worker.gate = ForwardGate.from_env(self)
 
 
 class _SimRunner:
@@ -167,7 +173,11 @@ class SimulatedWorker(TpModelWorker):
         self.vocab = self.model_config.vocab_size
 
     # --- the forward -------------------------------------------------------------------
+    gate = None  # a testing.gate.ForwardGate when RADIXFLOW_SIM_GATE is set
+
     def forward_batch_generation(self, batch, forward_batch=None, **_kw):
+        if self.gate is not None:
+            self.gate.hold(batch)
         t0 = time.perf_counter()
         reqs = batch.reqs
         if batch.forward_mode.is_extend():
@@ -182,9 +192,11 @@ class SimulatedWorker(TpModelWorker):
         result = GenerationBatchResult(
             next_token_ids=torch.tensor(ids, dtype=torch.int64), can_run_cuda_graph=False
         )
-        left = self.cost(tokens, len(reqs)) - (time.perf_counter() - t0)
+        cost = self.cost(tokens, len(reqs))
+        left = cost - (time.perf_counter() - t0)
         if left > 0:
             time.sleep(left)
+        setattr(result, SIM_ATTR, cost)  # NOTE: the forward's duration, for the round-cost fit
         return result
 
 

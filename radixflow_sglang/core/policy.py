@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 POLICIES = (
     "stock", "radix", "timer5", "timer10", "flex", "traversal", "radixflow", "radixflow-frag",
+    "traversal-always", "radixflow-always",
 )
 
 
@@ -17,6 +18,7 @@ class PolicySpec:
     admission: str | None  # None | "flex" (early release rules) | "timer" (deadline or rows only)
     admission_ms: float  # hold at most this long
     frag: bool  # fragmentation guard
+    cost_aware: bool = False  # a Blocked request waits only when waiting wins (core/cost.py)
 
     def describe(self) -> str:
         parts = ["SGLang's unmodified scheduler" if self.native_class else "native selection"]
@@ -25,7 +27,9 @@ class PolicySpec:
         elif self.admission == "flex":
             parts.append(f"flexible admission (<= {self.admission_ms:g} ms, early release)")
         if self.traversal:
-            parts.append("state-ready traversal + fork-point publication")
+            rule = ("cost-aware wait: park only when waiting adds less latency than recomputing"
+                    if self.cost_aware else "always wait: park every Blocked request")
+            parts.append(f"state-ready traversal ({rule}) + fork-point publication")
         if self.frag:
             parts.append("fragmentation guard")
         return " + ".join(parts)
@@ -48,8 +52,10 @@ def policy_spec(name: str, admission_ms: float | None = None) -> PolicySpec:
         "timer5": (False, False, "timer", 5.0, False),
         "timer10": (False, False, "timer", 10.0, False),
         "flex": (False, False, "flex", flex_ms, False),
-        "traversal": (False, True, None, 0.0, False),
-        "radixflow": (False, True, "flex", flex_ms, False),
-        "radixflow-frag": (False, True, "flex", flex_ms, True),
+        "traversal": (False, True, None, 0.0, False, True),
+        "radixflow": (False, True, "flex", flex_ms, False, True),
+        "radixflow-frag": (False, True, "flex", flex_ms, True, True),
+        "traversal-always": (False, True, None, 0.0, False, False),
+        "radixflow-always": (False, True, "flex", flex_ms, False, False),
     }
     return PolicySpec(name, *table[name])

@@ -22,6 +22,7 @@ class RoundStats:
     held: int = 0  # iterations held before this round, plus fresh requests skipped in it
     released_by_admission: str = ""  # why held requests were released ("" = none held)
     frag_deferred: int = 0
+    recomputed: int = 0  # Blocked, but the cost-aware rule found recomputing cheaper
     t_start: float = 0.0
     t_end: float = 0.0
 
@@ -50,6 +51,7 @@ class Totals:
     frag_deferred: int = 0
     scheduled_tokens: int = 0
     hit_tokens: int = 0
+    recomputed: int = 0
 
     def add(self, r: RoundStats) -> None:
         self.rounds += 1
@@ -59,3 +61,4 @@ class Totals:
         self.frag_deferred += r.frag_deferred
         self.scheduled_tokens += r.scheduled_tokens
         self.hit_tokens += r.hit_tokens
+        self.recomputed += r.recomputed

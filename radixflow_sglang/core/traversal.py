@@ -6,6 +6,10 @@ request a ready prefix at least `theta` tokens longer than it has now, at a dept
 (<= input length - 1). Blocked requests are parked (wait set) and rechecked next round;
 everything else keeps native handling. When the producer's own publish depth lies past the
 fork point, the producer is moved to publish at the grid-aligned fork depth instead.
+
+With `cost_aware` (the `radixflow` and `traversal` policies) a Blocked request parks only when
+waiting adds less summed latency than recomputing its gain now (`decide`, core/cost.py
+`wait_wins`, derivation in docs/design.md); the `-always` ablations park on every Blocked.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from .cost import CostCoeffs, RoundView, Verdict, WaitCase, wait_wins
 from .grid import Grid, Layout
 from .outcome import Blocking
 from .producers import Producer, ProducerIndex
@@ -25,12 +30,15 @@ class TraversalConfig:
     grid: Grid
     theta: int  # minimum gain in ready tokens worth a wait
     max_park_rounds: int  # publish lag (1 normal, 2 overlap) plus a margin
+    lag: int = 1  # rounds until a producer admitted in this scan publishes (2 under overlap)
+    cost_aware: bool = False  # park only when waiting wins (`decide`); else on every Blocked
 
     @staticmethod
-    def default(grid: Grid, overlap: bool, margin: int = 1, theta: int | None = None):
+    def default(grid: Grid, overlap: bool, margin: int = 1, theta: int | None = None,
+                cost_aware: bool = False):
         lag = 2 if overlap else 1
         # NOTE: full attention publishes every page, so G is 1 there; wait for >= 64 tokens.
-        return TraversalConfig(grid, theta or max(grid.size, 64), lag + margin)
+        return TraversalConfig(grid, theta or max(grid.size, 64), lag + margin, lag, cost_aware)
 
 
 @dataclass(frozen=True)
@@ -50,15 +58,18 @@ class Traversal:
         self.round = 0
         self.stats = RoundStats(0)
         self.fork_slots = 0  # producers that may still be moved this round (no_buffer: 1)
+        self._inflight: set[str] = set()  # producers launched in an earlier round
 
     # --- round lifecycle -------------------------------------------------------------------
     def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
         """Start a scan: producers are only the in-flight ones (results not processed yet)."""
         self.round += 1
         self.index = ProducerIndex(block=self.index.block)
+        self._inflight = set()
         for p in inflight:
             p.movable = False
             self.index.add(p)
+            self._inflight.add(p.rid)
         self.fork_slots = fork_slots
         self.stats = RoundStats(self.round)
         return self.stats
@@ -102,6 +113,21 @@ class Traversal:
         if depth - c.ready < self.cfg.theta:
             return None
         return Blocking(p.rid, depth, c.ready, fork)
+
+    def decide(self, c: Candidate, b: Blocking, view: RoundView, cost: CostCoeffs) -> Verdict:
+        """Cost-aware rule: does waiting for `b` add less summed latency than recomputing?
+
+        An in-flight producer publishes after this round (lag 1); one admitted in this scan
+        after `cfg.lag` rounds. Always True without `cost_aware`. No side effects."""
+        if not self.cfg.cost_aware:
+            return Verdict(True, 0.0, 0.0)
+        lag = 1 if b.producer in self._inflight else self.cfg.lag
+        p = self.index.get(b.producer)
+        cut_rest = 0
+        if b.fork and self.cfg.grid.layout is Layout.NO_BUFFER and p is not None:
+            # the producer's extend would end at the fork: its rest waits a round
+            cut_rest = max(p.prefix + p.extend - b.depth, 0) if not p.forked else 0
+        return wait_wins(cost, WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest), view)
 
     def park(self, c: Candidate, b: Blocking) -> bool:
         """Park a Blocked request; False when its bound is spent (caller goes native)."""

@@ -17,7 +17,12 @@ from typing import Any
 
 READY_LINE = "ready to roll"  # SGLang logs it after its warm-up request
 LEAK_MARKERS = ("memory leak detected", "Mem Leak Detected", "use-after-free", "double free")
-IDLE_CHECK_S = 2.0
+# NOTE: scheduler round trips after the work is done. Each /server_info is answered in the
+# receive step of one event-loop iteration (managers/scheduler.py event_loop_normal); an
+# iteration without a batch then runs on_idle, whose strict memory check runs once the loop is
+# fully idle (is_fully_idle: last_batch cleared too, one iteration after the last batch). The
+# third answer therefore proves a fully idle iteration's check ran and did not raise.
+IDLE_ROUND_TRIPS = 3
 
 
 def free_port() -> int:
@@ -82,6 +87,16 @@ class Server:
                 return
             time.sleep(1.0)
 
+    def wait_healthy(self, timeout: float) -> None:
+        """/health answers 200 (a process without SGLang's ready line, e.g. the router)."""
+        deadline = time.monotonic() + timeout
+        while not self._healthy():
+            self.check_alive("during start-up")
+            if time.monotonic() > deadline:
+                raise ServerError(f"no healthy answer after {timeout:.0f} s; log tail:\n"
+                                  + self.tail())
+            time.sleep(1.0)
+
     def _healthy(self) -> bool:
         try:
             with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
@@ -91,9 +106,17 @@ class Server:
 
     def idle_leak_check(self) -> dict[str, int | None]:
         """SGLang's strict idle invariant check (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1)
-        raises in the scheduler on any leaked KV / mamba / request slot: after an idle pause a
-        live server without a leak message has leaked nothing."""
-        time.sleep(IDLE_CHECK_S)
+        raises in the scheduler on any leaked KV / mamba / request slot. Call it once every
+        request has answered: sequential scheduler round trips let a fully idle loop iteration
+        run the check (IDLE_ROUND_TRIPS); a server still alive, without a leak message, has
+        leaked nothing."""
+        for _ in range(IDLE_ROUND_TRIPS):
+            try:
+                http_json(self.base + "/server_info", timeout=120)
+            except (urllib.error.URLError, OSError) as e:
+                self.check_alive("during the idle memory check")
+                raise ServerError(f"/server_info failed during the idle memory check: {e}; "
+                                  "log tail:\n" + self.tail()) from e
         self.check_alive("during the idle memory check")
         text = self.log.read_text(errors="replace")
         hits = [m for m in LEAK_MARKERS if m in text]

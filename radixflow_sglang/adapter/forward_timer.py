@@ -1,0 +1,62 @@
+"""Prefill forward durations for the round-cost fit, measured around the worker call.
+
+On a GPU: CUDA timing events recorded on the scheduler's forward stream right before and after
+`Scheduler.run_batch` (managers/scheduler.py) enqueues the batch; read when the result is
+processed (`process_batch_result`, after SGLang's own copy_done wait), so the figure is the
+forward from launch to result ready, honest under overlap scheduling (the start event fires
+only when the previous batch's work on that stream is done). The simulated executor
+(adapter/simulated.py) reports its simulated time on the result; on any other CPU worker the
+wall time of the (synchronous) call is used.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+SIM_ATTR = "radixflow_forward_s"  # set by SimulatedWorker on its results
+_EVENTS = "_radixflow_events"
+_WALL = "_radixflow_wall_s"
+
+
+def start(sched):
+    if torch.cuda.is_available():
+        stream = getattr(sched, "forward_stream", None) or torch.cuda.current_stream()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        return ("cuda", stream, ev)
+    return ("wall", None, time.perf_counter())
+
+
+def stop(token, result) -> None:
+    kind, stream, t0 = token
+    if result is None:
+        return
+    if kind == "cuda":
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        setattr(result, _EVENTS, (t0, ev))
+    else:
+        setattr(result, _WALL, time.perf_counter() - t0)
+
+
+def seconds(result) -> float:
+    """The forward's duration; NaN when nothing was measured (the fit ignores it)."""
+    sim = getattr(result, SIM_ATTR, None)
+    if sim is not None:
+        return float(sim)
+    events = getattr(result, _EVENTS, None)
+    if events is not None:
+        events[1].synchronize()
+        return events[0].elapsed_time(events[1]) / 1e3
+    return float(getattr(result, _WALL, float("nan")))
+
+
+def batch_shape(batch) -> tuple[int, int, float]:
+    """(rows, extended tokens, full-attention query-key pairs) of a prefill batch."""
+    ext = list(getattr(batch, "extend_lens", None) or [])
+    pre = list(getattr(batch, "prefix_lens", None) or [])
+    tokens = int(getattr(batch, "extend_num_tokens", None) or sum(ext))
+    pairs = float(sum(e * (p + e / 2) for e, p in zip(ext, pre, strict=False)))
+    return len(batch.reqs), tokens, pairs

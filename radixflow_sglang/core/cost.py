@@ -1,0 +1,234 @@
+"""Round cost: a prior from the model's numbers, an online robust fit, and the wait decision.
+
+    c(rows, tokens, pairs) = alpha + beta * tokens + gamma * rows + delta * pairs
+
+`tokens` are the tokens a prefill forward extends, `rows` its requests, `pairs` the (query,
+key) pairs its full-attention layers score (sum of extend * (prefix + extend / 2)). The prior
+(`prior_from_geometry`) is the first-principles derivation documented in eval/costmodel.py;
+`RoundCostEstimator` refits it from measured forward durations; `wait_wins` is the
+cost-aware Blocked decision derived in docs/design.md ("The wait decision").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass
+
+PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, eval/costmodel.py docstring)
+MFU = 0.5  # prefill model FLOP utilisation (assumption)
+HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e bandwidth
+ALPHA_S = 8e-3  # fixed per-forward overhead (assumption)
+ROW_OVERHEAD_S = 1e-4  # per-row bookkeeping (assumption)
+
+
+@dataclass(frozen=True)
+class CostCoeffs:
+    alpha: float  # s per forward
+    beta: float  # s per scheduled token
+    gamma: float  # s per row
+    delta: float = 0.0  # s per full-attention (query, key) pair
+    source: str = "custom"
+
+    def __call__(self, rows: float, tokens: float, pairs: float = 0.0) -> float:
+        return self.alpha + self.beta * tokens + self.gamma * rows + self.delta * pairs
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def prior_from_geometry(params: float, vocab: int, hidden: int, tied: bool, *,
+                        state_bytes: int = 0, full_layers: int = 0, heads: int = 0,
+                        head_dim: int = 0, alpha: float = ALPHA_S,
+                        source: str = "geometry") -> CostCoeffs:
+    """eval/costmodel.py's derivation as a pure function of the model's numbers: beta from the
+    per-token matmul FLOPs (parameters less the embedding tables), gamma from row bookkeeping,
+    the LM head on the last position and one recurrent-state copy, delta from the full-attention
+    layers' per-pair FLOPs."""
+    flops_per_s = PEAK_FLOPS * MFU
+    p_tok = params - (1 if tied else 2) * vocab * hidden
+    beta = 2 * p_tok / flops_per_s
+    gamma = ROW_OVERHEAD_S + 2 * vocab * hidden / flops_per_s + 2 * state_bytes / HBM_BYTES_PER_S
+    delta = 4 * full_layers * heads * head_dim / flops_per_s
+    return CostCoeffs(alpha, beta, gamma, delta, source)
+
+
+# NOTE: a server whose model numbers are unknown starts from a 4B-class model on one H200
+# (qwen3.5-4b's derived values); the fit replaces it within tens of rounds.
+GENERIC_PRIOR = CostCoeffs(ALPHA_S, 1.7e-5, 1.24e-4, 0.0, "generic")
+
+# Feature scales: the prior weighs each coefficient like PRIOR_ROUNDS rounds of this shape.
+_SCALE = (1.0, 1024.0, 8.0, 1e6)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (4x4; keeps the core free of numpy)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[p] = m[p], m[c]
+        piv = m[c][c]
+        for r in range(c + 1, n):
+            f = m[r][c] / piv
+            for k in range(c, n + 1):
+                m[r][k] -= f * m[c][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
+
+
+class RoundCostEstimator:
+    """Weighted least squares over measured forwards, regularised towards a prior.
+
+    Solves min sum_i w_i (y_i - x_i.t)^2 + n0 * |t - t0|^2 in scaled features
+    x = (1, tokens/1024, rows/8, pairs/1e6): the prior counts like `prior_rounds` rounds that
+    pin each coefficient, so directions the observed rounds do not span (e.g. every round had
+    the same row count) stay at the prior. Observations decay by `forget` per round (recent
+    hardware state wins; ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
+    ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the
+    median absolute residual of the last `window` observations, rejected ones included, so a
+    genuine level shift (a wrong prior) is accepted after a few rounds while a lone outlier
+    (first CUDA graph capture, a stall) never moves the fit. Deterministic: the same
+    observations in the same order give the same fit.
+    """
+
+    def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 1.0, forget: float = 0.998,
+                 reject: float = 6.0, huber: float = 2.0, window: int = 32) -> None:
+        self.prior = prior
+        self.n0 = prior_rounds
+        self.forget = forget
+        self.reject_k, self.huber_k = reject, huber
+        self._t0 = [prior.alpha * _SCALE[0], prior.beta * _SCALE[1], prior.gamma * _SCALE[2],
+                    prior.delta * _SCALE[3]]
+        self._s = [[0.0] * 4 for _ in range(4)]
+        self._sy = [0.0] * 4
+        self._t = self._t0[:]
+        self._resid: deque[float] = deque(maxlen=window)
+        self.observed = 0
+        self.rejected = 0
+        self.last_s = math.nan
+
+    @property
+    def coeffs(self) -> CostCoeffs:
+        """The current fit, clamped to >= 0 (a decision never uses a negative cost)."""
+        a, b, g, d = (max(0.0, t / s) for t, s in zip(self._t, _SCALE, strict=True))
+        src = f"fit:{self.observed - self.rejected}/{self.observed}+{self.prior.source}"
+        return CostCoeffs(a, b, g, d, src if self.observed else self.prior.source)
+
+    def predict(self, rows: float, tokens: float, pairs: float = 0.0) -> float:
+        return self.coeffs(rows, tokens, pairs)
+
+    def sigma(self, predicted: float) -> float:
+        # NOTE: floor relative to the prediction: a noiseless source (the twin) must not reject
+        # float rounding; before 5 residuals, a quarter of the prediction.
+        floor = 1e-3 * predicted + 1e-6
+        if len(self._resid) < 5:
+            return max(0.25 * predicted, floor)
+        med = sorted(self._resid)[len(self._resid) // 2]
+        return max(1.4826 * med, floor)
+
+    def observe(self, rows: int, tokens: int, seconds: float, pairs: float = 0.0) -> bool:
+        """Feed one measured prefill forward; False when it was rejected as an outlier."""
+        if not (seconds >= 0 and math.isfinite(seconds)) or rows <= 0:
+            return False
+        self.observed += 1
+        self.last_s = seconds
+        x = [1.0, tokens / _SCALE[1], rows / _SCALE[2], pairs / _SCALE[3]]
+        pred = sum(xi * ti for xi, ti in zip(x, self._t, strict=True))
+        r = seconds - pred
+        sig = self.sigma(max(pred, 0.0))
+        self._resid.append(abs(r))
+        if abs(r) > self.reject_k * sig:
+            self.rejected += 1
+            return False
+        w = 1.0 if abs(r) <= self.huber_k * sig else self.huber_k * sig / abs(r)
+        lam = self.forget
+        for i in range(4):
+            self._sy[i] = lam * self._sy[i] + w * x[i] * seconds
+            for j in range(4):
+                self._s[i][j] = lam * self._s[i][j] + w * x[i] * x[j]
+        a = [[self._s[i][j] + (self.n0 if i == j else 0.0) for j in range(4)] for i in range(4)]
+        b = [self._sy[i] + self.n0 * self._t0[i] for i in range(4)]
+        self._t = _solve(a, b)
+        return True
+
+    def as_dict(self) -> dict:
+        c = self.coeffs
+        return {"alpha_s": c.alpha, "beta_s": c.beta, "gamma_s": c.gamma, "delta_s": c.delta,
+                "source": c.source, "observed": self.observed, "rejected": self.rejected,
+                "last_forward_s": None if math.isnan(self.last_s) else self.last_s}
+
+
+# --------------------------------------------------------------------------------------------
+# The wait decision (docs/design.md, "The wait decision")
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """Rank-identical facts about the round being scanned, when a candidate is visited."""
+
+    rows: int  # requests already selected this round
+    behind: int  # requests finishing after this round whatever happens (candidate included)
+    budget_left: int  # prefill tokens the round may still take, before the candidate
+    demand_after: int  # tokens of unselected waiting work after the candidate (upper bound)
+    mean_extend: float  # mean tokens per unselected waiting request
+    rows_left: int  # rows the round may still take, before the candidate
+    parked_tokens: int = 0  # extend of consumers already parked this round (they run next)
+    parked_rows: int = 0
+    token_budget: int = 8192  # T
+    row_budget: int = 64  # S
+
+
+@dataclass(frozen=True)
+class WaitCase:
+    ready: int  # the candidate's ready prefix now
+    depth: int  # depth the producer publishes at
+    length: int  # the candidate's input length (extend = length - prefix)
+    lag: int  # rounds until the state is published (1; 2 for this scan's producer under overlap)
+    cut_rest: int = 0  # no_buffer: tokens the producer defers a round when cut at the fork
+
+
+@dataclass(frozen=True)
+class Verdict:
+    wait: bool
+    wait_s: float  # summed added latency if the candidate waits
+    recompute_s: float  # summed added latency if it recomputes now
+
+
+def _pairs(prefix: int, extend: int) -> float:
+    return extend * (prefix + extend / 2)
+
+
+def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
+    """Wait iff the summed latency it adds (the candidate, lag rounds later) is below the summed
+    latency recomputing adds (its extra work delays every request finishing after this round,
+    and a binding budget pushes displaced work a round back). Pure, rank-identical inputs."""
+    e = case.length - case.ready  # extend if it runs now
+    e2 = case.length - case.depth  # extend after the wait
+    gain = case.depth - case.ready
+    extra = c.beta * gain + c.delta * (_pairs(case.ready, e) - _pairs(case.depth, e2))
+    fits_now = min(v.demand_after, v.budget_left)
+    fits_native = min(v.demand_after, max(v.budget_left - e, 0))
+    displaced = (fits_now - fits_native) / max(v.mean_extend, 1.0)
+    if v.rows_left <= 1 and v.demand_after > 0:
+        displaced = max(displaced, 1.0)  # NOTE: its row would go to the next request
+    overflow = max(v.demand_after - v.budget_left, 0)
+    over_rows = math.ceil(overflow / max(v.mean_extend, 1.0))
+    cut = 1 if case.cut_rest > 0 else 0
+    nxt = c(min(v.row_budget, 1 + cut + v.parked_rows + over_rows),
+            min(v.token_budget, e2 + case.cut_rest + v.parked_tokens + overflow))
+    # NOTE: a wait of 2 rounds (overlap) passes a round that runs only the overflow; with none
+    # the overlap loop processes the producer's result without a forward in between.
+    between = c(min(v.row_budget, over_rows), min(v.token_budget, overflow)) if overflow else 0.0
+    wait_s = nxt + (case.lag - 1) * between
+    if cut:
+        # NOTE: a no_buffer fork ends the producer's extend at the fork: the producer finishes
+        # its rest a round later too (the consumer whose wait makes the cut pays for it), less
+        # the queued work that fills the tokens it leaves when the budget binds.
+        backfill = min(case.cut_rest, overflow) / max(v.mean_extend, 1.0)
+        wait_s += max(nxt * (1.0 - backfill), 0.0)
+    recompute_s = extra * (v.rows + v.behind) + displaced * nxt
+    return Verdict(wait_s < recompute_s, wait_s, recompute_s)
