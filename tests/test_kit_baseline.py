@@ -269,7 +269,10 @@ RAW_WRAPPER = '''\
         return get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch)
 '''
 # The Scheduler methods RadixFlowScheduler replaces (anything else is SGLang's own).
-OVERRIDDEN = {"_get_new_batch_prefill_raw", "get_internal_state", "get_new_batch_prefill"}
+# NOTE: run_batch / process_batch_result (the forward timer and the round-cost fit, merged
+# from main) wrap upstream's and call it unchanged; their text is not pinned here.
+OVERRIDDEN = {"_get_new_batch_prefill_raw", "get_internal_state", "get_new_batch_prefill",
+              "run_batch", "process_batch_result"}
 
 
 def _drop_hooks(body: list, marked: set[int], errors: list[str]) -> list:

@@ -712,8 +712,8 @@ def test_an_in_flight_sharer_past_reach_does_not_hide_a_usable_producer(make_kit
     past the consumers' reach of 700) are both in flight and share the whole document with
     d0b2 / d0b3. The consumers parked on d0b1 must keep waiting for 640, not be released to
     the 512 state because the first sharer found (d0b0) is of no use."""
-    k = kit(make_kit, "qwen3.5-4b", "extra_buffer", "traversal", rows=4, tokens=512,
-            overlap=True)
+    k = kit(make_kit, "qwen3.5-4b", "extra_buffer", "traversal-always", rows=4, tokens=512,
+            overlap=True)  # NOTE: parking must happen (the cost-aware rule may not wait here)
     doc = toks(100_000, 700)
     k.submit(*[k.req(f"d0b{b}", doc + toks(200_000 + 100 * b, 40 + 7 * b)) for b in range(4)])
     waits_ = k.runtime.traversal.waits
