@@ -2,6 +2,7 @@
 
     python -m eval.soak --requests 10000 --out out/soak [--policies stock,radix,...]
         [--model qwen3.5-4b] [--layout extra_buffer] [--seed 0] [--overlap]
+        [--mamba-slots N | --mamba-extra N]
 
 For each policy a fresh `Kit` (SGLang 0.5.23's pools, UnifiedRadixCache, Req and prefill scan,
 stock or ours) replays the same seeded request stream in virtual time:
@@ -263,6 +264,16 @@ def _fraction(text: str) -> float:
     return x
 
 
+def _count(text: str) -> int:
+    try:
+        x = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -281,7 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--abort-frac", type=_fraction, default=SoakConfig.abort_frac)
     p.add_argument("--kv-tokens", type=cli.positive(int, "an integer"),
                    default=SoakConfig.kv_tokens)
-    p.add_argument("--mamba-slots", type=cli.positive(int, "an integer"), default=None)
+    mamba = p.add_mutually_exclusive_group()
+    mamba.add_argument("--mamba-slots", type=cli.positive(int, "an integer"), default=None,
+                       help="mamba pool size (default: the minimum for the layout, rows and "
+                            "overlap: testing.harness.mamba_slots_for)")
+    mamba.add_argument("--mamba-extra", type=_count, default=0,
+                       help="mamba pool = that minimum + this many slots (default 0)")
     p.add_argument("--rows", type=cli.positive(int, "an integer"), default=SoakConfig.rows)
     p.add_argument("--tokens", type=cli.positive(int, "an integer"), default=SoakConfig.tokens)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -294,8 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         print("eval/soak.py: error: --overlap needs --layout extra_buffer (SGLang turns overlap "
               "scheduling off for no_buffer)", file=sys.stderr)
         return 2
+    mamba_slots = args.mamba_slots
+    if args.mamba_extra:
+        mamba_slots = mamba_slots_for(args.layout, args.rows, args.overlap) + args.mamba_extra
     cfg = SoakConfig(model=args.model, layout=args.layout, overlap=args.overlap, rows=args.rows,
-                     tokens=args.tokens, kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots,
+                     tokens=args.tokens, kv_tokens=args.kv_tokens, mamba_slots=mamba_slots,
                      rate=args.rate, abort_frac=args.abort_frac, seed=args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -229,19 +229,201 @@ def test_version_guard_names_both_versions():
     assert check_sglang_version() == "0.5.23"  # the installed one
 
 
-def test_scan_is_sglangs_own_apart_from_marked_lines():
-    """Drift guard: scan.py minus its `# RADIXFLOW` lines is SGLang 0.5.23's method verbatim."""
+# The reviewed hooks of adapter/scan.py: (line index in the function's source, exact line).
+# Every line naming RADIXFLOW must be here, in this order; a new or changed one fails the drift
+# guard until it is reviewed (does it leave stock behaviour alone under `radix`?) and pinned.
+SCAN_HOOKS = [
+    (96, "    rf = self.radixflow  # RADIXFLOW: producers in flight (results not yet processed)"),
+    (97, "    rf.begin_scan(self, adder)  # RADIXFLOW"),
+    (108, "        rf.chunk_continued(self, self.chunked_req)  # RADIXFLOW: its chunk publishes "
+          "too"),
+    (133, "        # RADIXFLOW: Blocked requests park here, before LoRA, preemption or budget see "
+          "them."),
+    (134, "        if rf.park(self, req, adder):  # RADIXFLOW"),
+    (135, "            continue  # RADIXFLOW: it keeps its queue position"),
+    (188, "        if rf.defer(self, req, adder):  # RADIXFLOW: would be cut into a chunk it must "
+          "not be"),
+    (189, "            continue  # RADIXFLOW"),
+    (204, "        rf.after_add(self, req, adder, res)  # RADIXFLOW: a selected request is a "
+          "producer"),
+    (234, "    rf.end_scan(self, adder)  # RADIXFLOW: round counters"),
+]
+# RadixFlowScheduler's two entry points, as reviewed: the hold wraps upstream's
+# get_new_batch_prefill (its PrefillDelayer collective runs on every pass) and a held pass skips
+# the scan the way upstream's empty queue does.
+OVERRIDE = '''\
+    def get_new_batch_prefill(self, running_batch) -> NextBatchPlan:
+        # NOTE: a held pass still goes through upstream's get_new_batch_prefill, so the
+        # PrefillDelayer runs its per-pass all-gather (finalize negotiates "not prefillable",
+        # as for an empty queue): under DP attention every rank joins it whatever it holds.
+        self._radixflow_held = self.radixflow.hold(self, running_batch)
+        try:
+            return super().get_new_batch_prefill(running_batch)
+        finally:
+            self._radixflow_held = False
+'''
+RAW_WRAPPER = '''\
+    def _get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch):
+        if self._radixflow_held:
+            return None, running_batch  # held: no scan this pass (as upstream's empty queue)
+        return get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch)
+'''
+# The Scheduler methods RadixFlowScheduler replaces (anything else is SGLang's own).
+# NOTE: run_batch / process_batch_result (the forward timer and the round-cost fit, merged
+# from main) wrap upstream's and call it unchanged; their text is not pinned here.
+OVERRIDDEN = {"_get_new_batch_prefill_raw", "get_internal_state", "get_new_batch_prefill",
+              "run_batch", "process_batch_result"}
+
+
+def _drop_hooks(body: list, marked: set[int], errors: list[str]) -> list:
+    """`body` without the statements that start on a marked line (recursively); a hook that
+    runs on into unmarked lines (opens a block or a string) is an error."""
+    import ast
+
+    out = []
+    for node in body:
+        if node.lineno - 1 in marked:
+            lines = set(range(node.lineno - 1, node.end_lineno))
+            if not lines <= marked:
+                errors.append(f"hook at line {node.lineno - 1} spans unmarked lines "
+                              f"{sorted(lines - marked)[:5]}")
+            continue
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            sub = getattr(node, name, None)
+            if isinstance(sub, list) and sub and isinstance(sub[0], ast.AST):
+                setattr(node, name, _drop_hooks(sub, marked, errors))
+        out.append(node)
+    return out
+
+
+def drift_errors(ours: str, theirs: str, hooks: list[tuple[int, str]]) -> list[str]:
+    """Why `ours` (scan.py's function source) is not upstream's `theirs` plus exactly `hooks`:
+    (1) the marked lines with their positions must be the reviewed list; (2) the unmarked
+    lines must be upstream's, verbatim; (3) upstream's syntax tree must be ours with the hook
+    statements removed, and every hook must be whole statements on marked lines."""
+    import ast
+
+    errors = []
+    lines = ours.splitlines()
+    marked = [(i, line) for i, line in enumerate(lines) if "RADIXFLOW" in line]
+    if marked != hooks:
+        errors.append(f"marked lines are not the reviewed hooks: new/changed "
+                      f"{[m for m in marked if m not in hooks][:3]}, missing "
+                      f"{[h for h in hooks if h not in marked][:3]}")
+    kept = [line for line in lines if "RADIXFLOW" not in line]
+    kept[0] = kept[0].replace("def get_new_batch_prefill_raw(", "def _get_new_batch_prefill_raw(")
+    want = theirs.rstrip().splitlines()
+    if kept != want:
+        pairs = zip(kept, want, strict=False)
+        at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(kept), len(want)))
+        errors.append(f"unmarked lines differ from upstream at kept line {at}")
+    try:
+        fn = ast.parse(ours).body[0]
+    except SyntaxError as e:
+        return errors + [f"does not parse: {e}"]
+    idx = {i for i, _ in marked}
+    fn.body = _drop_hooks(fn.body, idx, errors)
+    fn.name = "_get_new_batch_prefill_raw"
+    comments = {i for i, line in marked if line.lstrip().startswith("#")}
+    covered = set()
+    for node in ast.walk(ast.parse(ours).body[0]):
+        if isinstance(node, ast.stmt) and node.lineno - 1 in idx:
+            covered |= set(range(node.lineno - 1, node.end_lineno))
+    if idx - covered - comments:
+        inside = sorted(idx - covered - comments)
+        errors.append(f"marked lines inside an upstream statement: {inside}")
+    if ast.dump(fn) != ast.dump(ast.parse(theirs).body[0]):
+        errors.append("syntax tree minus the hooks differs from upstream's")
+    return errors
+
+
+def _sources() -> tuple[str, str]:
     import sglang.srt.managers.scheduler as sched_mod
 
     from radixflow_sglang.adapter import scan
 
     ours = inspect.getsource(scan.get_new_batch_prefill_raw)
-    kept = [line for line in ours.splitlines() if "RADIXFLOW" not in line]
-    assert len(kept) < len(ours.splitlines())  # there are hooks to strip
-    assert kept[0] == "def get_new_batch_prefill_raw("
-    kept[0] = "def _get_new_batch_prefill_raw("
     theirs = textwrap.dedent(inspect.getsource(sched_mod.Scheduler._get_new_batch_prefill_raw))
-    assert "\n".join(kept).rstrip() == theirs.rstrip()
+    return ours, theirs
+
+
+def test_scan_is_sglangs_own_plus_exactly_the_reviewed_hooks():
+    """Drift guard: scan.py is SGLang 0.5.23's method verbatim plus the pinned hook lines."""
+    ours, theirs = _sources()
+    assert ours.splitlines()[0] == "def get_new_batch_prefill_raw("
+    assert drift_errors(ours, theirs, SCAN_HOOKS) == []
+
+
+def _insert(src: str, after: str, *new: str) -> str:
+    lines = src.splitlines()
+    i = next(i for i, line in enumerate(lines) if after in line)
+    return "\n".join(lines[: i + 1] + list(new) + lines[i + 1:]) + "\n"
+
+
+def _mutants(ours: str) -> dict[str, str]:
+    """Marked edits that change stock behaviour (issue 13 item 10) and that the old guard,
+    which only dropped every marked line and compared the rest, let through."""
+    lines = ours.splitlines()
+    i = next(i for i, line in enumerate(lines) if "if res != AddReqResult.CONTINUE:" in line)
+    j = next(j for j in range(i, len(lines)) if lines[j].strip() == "break")
+    quoted = lines[:i] + ['        """  # RADIXFLOW'] + lines[i:j + 1] + [
+        '        """  # RADIXFLOW'] + lines[j + 1:]
+    return {
+        # every rejected request looks admitted: the scan never breaks
+        "continue": _insert(ours, "rf.after_add(",
+                            "        res = AddReqResult.CONTINUE  # RADIXFLOW"),
+        # upstream's rejection block becomes a string expression
+        "quoted": "\n".join(quoted) + "\n",
+        # marked brackets swallow an unmarked upstream call: the match never runs
+        "bracket": ours.replace(
+            "\n        req.init_next_round_input(self.tree_cache)\n",
+            "\n        _ = (  # RADIXFLOW\n        req.init_next_round_input(self.tree_cache)\n"
+            "        ) if False else None  # RADIXFLOW\n", 1),
+        # a reviewed hook edited in place
+        "edited": ours.replace("if rf.park(self, req, adder):  # RADIXFLOW",
+                               "if rf.park(self, req, adder) or True:  # RADIXFLOW"),
+    }
+
+
+def _old_guard_passes(ours: str, theirs: str) -> bool:
+    kept = [line for line in ours.splitlines() if "RADIXFLOW" not in line]
+    kept[0] = "def _get_new_batch_prefill_raw("
+    return "\n".join(kept).rstrip() == theirs.rstrip()
+
+
+@pytest.mark.parametrize("kind", ["continue", "quoted", "bracket", "edited"])
+def test_drift_guard_rejects_marked_lines_that_change_stock(kind):
+    ours, theirs = _sources()
+    bad = _mutants(ours)[kind]
+    assert bad != ours
+    assert _old_guard_passes(bad, theirs)  # the gap the pinned list closes
+    errors = drift_errors(bad, theirs, SCAN_HOOKS)
+    assert any("not the reviewed hooks" in e for e in errors), errors
+    # re-pinning the new marked lines without review still fails where a hook is not a whole
+    # statement of its own (a string or brackets around upstream lines)
+    repinned = [(i, line) for i, line in enumerate(bad.splitlines()) if "RADIXFLOW" in line]
+    errors = drift_errors(bad, theirs, repinned)
+    if kind in ("quoted", "bracket"):
+        assert any("syntax tree" in e for e in errors), errors
+    else:
+        assert errors == []  # only the reviewed list stands between these and a merge
+
+
+def test_the_get_new_batch_prefill_override_is_the_reviewed_one():
+    """The override is ours, not a copy: pin its text and which Scheduler methods we replace.
+    NOTE: re-pin (after review) whenever the override changes."""
+    import sglang.srt.managers.scheduler as sched_mod
+
+    from radixflow_sglang.adapter.scheduler import RadixFlowScheduler
+
+    assert inspect.getsource(RadixFlowScheduler.get_new_batch_prefill) == OVERRIDE
+    assert inspect.getsource(RadixFlowScheduler._get_new_batch_prefill_raw) == RAW_WRAPPER
+    replaced = {n for n, v in vars(RadixFlowScheduler).items()
+                if callable(v) and hasattr(sched_mod.Scheduler, n)}
+    assert replaced == OVERRIDDEN
+    # upstream's method still reaches the scan through the attribute we replace
+    upstream = inspect.getsource(sched_mod.Scheduler.get_new_batch_prefill)
+    assert "self._get_new_batch_prefill_raw(" in upstream
 
 
 def test_stock_is_sglangs_unmodified_class(make_kit):

@@ -50,10 +50,12 @@ settings.register_profile(
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 
 CONFIGS = [
-    pytest.param("qwen3.5-4b", "extra_buffer", id="qwen3.5-4b-extra_buffer"),
-    pytest.param("qwen3.5-4b", "no_buffer", id="qwen3.5-4b-no_buffer"),
-    pytest.param("nemotron-9b", "extra_buffer", id="nemotron-9b-extra_buffer"),
-    pytest.param("qwen3-8b", "full", id="qwen3-8b-full"),
+    pytest.param("qwen3.5-4b", "extra_buffer", 1, id="qwen3.5-4b-extra_buffer"),
+    pytest.param("qwen3.5-4b", "no_buffer", 1, id="qwen3.5-4b-no_buffer"),
+    pytest.param("nemotron-9b", "extra_buffer", 1, id="nemotron-9b-extra_buffer"),
+    pytest.param("qwen3-8b", "full", 1, id="qwen3-8b-full"),
+    # KV pages of 16 under Nemotron's 128 grid: chunk cuts on pages, fragments possible
+    pytest.param("nemotron-9b", "extra_buffer", 16, id="nemotron-9b-extra_buffer-page16"),
 ]
 NO_LEAK = {"kv": 0, "rows": 0, "mamba": 0}
 TICK_S = 1e-3  # virtual time per step: admission holds (5 / 10 ms) release after a few steps
@@ -117,7 +119,7 @@ def plans(draw: st.DrawFn, layout: str, grid: int) -> Plan:
         tokens=draw(st.sampled_from([128, 256, 512, 1024])),
         overlap=overlap,
         kv_extra=draw(st.sampled_from([0, 0, 512, 4096])),
-        mamba_extra=draw(st.sampled_from([0, 0, 8, 64])),
+        mamba_extra=draw(st.sampled_from([0, 0, 1, 2, 8, 64])),  # just above the minimum too
         theta=draw(st.sampled_from([None, None, 16, 200])),
         park_margin=draw(st.sampled_from([1, 1, 0, 2])),
         admission_ms=draw(st.sampled_from([None, None, 0.0, 1.0, 20.0])),
@@ -125,12 +127,14 @@ def plans(draw: st.DrawFn, layout: str, grid: int) -> Plan:
 
 
 def build(model: str, layout: str, policy: str, plan: Plan,
-          record_shapes: bool = False) -> Harness:
+          record_shapes: bool = False, page: int = 1) -> Harness:
     from radixflow_sglang.adapter.runtime import RadixFlowConfig
     from radixflow_sglang.testing.kit import Kit, KitConfig
 
     longest = max(len(ids) for _, ids, _ in plan.requests)
     kv = longest + KV_SLACK + plan.kv_extra
+    if page > 1:  # NOTE: the paged allocator hands out whole pages (one more for the decode)
+        kv = -(-kv // page) * page + page
     kit_layout = "extra_buffer" if layout == "full" else layout
     slots = mamba_slots_for(kit_layout, plan.rows, plan.overlap) + plan.mamba_extra
     clock = VirtualClock()
@@ -139,7 +143,8 @@ def build(model: str, layout: str, policy: str, plan: Plan,
         cfg = RadixFlowConfig(policy=policy, theta=plan.theta, park_margin=plan.park_margin,
                               admission_ms=plan.admission_ms)
     kit = Kit(KitConfig(model=model, layout=kit_layout, rows=plan.rows, tokens=plan.tokens,
-                        kv_tokens=kv, mamba_slots=slots, overlap=plan.overlap),
+                        kv_tokens=kv, mamba_slots=slots, overlap=plan.overlap,
+                        page_size=page),
               policy=policy, radixflow_config=cfg, clock=clock, sleep=clock.sleep)
     return Harness(kit, clock, record_shapes=record_shapes)
 
@@ -159,9 +164,44 @@ def act(h: Harness, kind: str, pick: int) -> None:
         assert h.abort(waiting[pick % len(waiting)])
 
 
-def run(model: str, layout: str, policy: str, plan: Plan,
-        record_shapes: bool = False) -> tuple[Harness, dict[str, int]]:
-    h = build(model, layout, policy, plan, record_shapes)
+class ReuseWatch:
+    """A parked consumer must get the state it waited for (issue 13 item 12: SGLang users see
+    branch reuse silently drop to 0 when mamba slots run short). Before each step it notes
+    the wait set's (producer, depth) per consumer; a consumer selected in that step must start
+    from a ready prefix >= that depth, unless its producer was retracted meanwhile."""
+
+    def __init__(self, h: Harness) -> None:
+        self.kept = 0
+        self.missed: list[tuple] = []
+        self._retracted: set[str] = set()
+        waits = h.kit.runtime.traversal.waits
+        step, retract = h.step, h.retract
+
+        def watched_retract(req) -> None:
+            self._retracted.add(req.rid)
+            retract(req)
+
+        def watched_step():
+            parked = {rid: (waits.get(rid).producer, waits.get(rid).depth)
+                      for rid in waits.rids()}
+            rnd = step()
+            for rid in rnd.rids if rnd is not None else ():
+                if rid not in parked or parked[rid][0] in self._retracted:
+                    continue
+                if rnd.prefix[rid] >= parked[rid][1]:
+                    self.kept += 1
+                else:
+                    self.missed.append((rnd.index, rid, *parked[rid], rnd.prefix[rid]))
+            return rnd
+
+        h.step, h.retract = watched_step, watched_retract
+
+
+def run(model: str, layout: str, policy: str, plan: Plan, record_shapes: bool = False,
+        page: int = 1) -> tuple[Harness, dict[str, int]]:
+    h = build(model, layout, policy, plan, record_shapes, page)
+    rt = h.kit.runtime
+    h.reuse = ReuseWatch(h) if rt is not None and rt.traversal is not None else None
     pending = list(plan.requests)
     for i, action in enumerate(plan.actions):
         n = plan.arrivals[i] if i < len(plan.arrivals) else len(pending)
@@ -185,6 +225,7 @@ def check(h: Harness, leaks: dict[str, int], layout: str) -> None:
     assert h.stalled_chunks == 0  # an admitted request's next chunk runs every step
     rt = h.kit.runtime
     if rt is not None and rt.traversal is not None:
+        assert h.reuse.missed == []  # (round, consumer, producer, depth waited for, got)
         assert h.longest_wait_rounds <= rt.traversal.cfg.max_park_rounds
         assert rt.totals.parked_max_rounds <= rt.traversal.cfg.max_park_rounds
     if h.kit.runtime is not None:
@@ -192,15 +233,16 @@ def check(h: Harness, leaks: dict[str, int], layout: str) -> None:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("model, layout", CONFIGS)
-def test_random_workloads_keep_every_invariant(model: str, layout: str, policy: str) -> None:
+@pytest.mark.parametrize("model, layout, page", CONFIGS)
+def test_random_workloads_keep_every_invariant(model: str, layout: str, page: int,
+                                               policy: str) -> None:
     @settings(settings.get_profile(PROFILE))
     @given(plan=plans(layout, load_geometry(model).grid))
     def prop(plan: Plan) -> None:
-        h, leaks = run(model, layout, policy, plan, record_shapes=policy == "radix")
+        h, leaks = run(model, layout, policy, plan, record_shapes=policy == "radix", page=page)
         check(h, leaks, layout)
         if policy == "radix":
-            s, s_leaks = run(model, layout, "stock", plan, record_shapes=True)
+            s, s_leaks = run(model, layout, "stock", plan, record_shapes=True, page=page)
             check(s, s_leaks, layout)
             assert h.shapes == s.shapes
             assert dict(h.aborted) == dict(s.aborted)
@@ -240,3 +282,61 @@ def test_a_hold_never_stalls_an_admitted_chunked_request(policy: str) -> None:
     stalled = [(ms, chunked) for ms, chunked, rows in log
                if chunked is not None and (rows is None or chunked not in rows)]
     assert stalled == [], log
+
+
+# --- mamba slot pressure (issue 13 item 12) ---------------------------------------------------
+
+TIGHT = [
+    pytest.param("qwen3.5-4b", "extra_buffer", False, id="qwen3.5-4b-extra_buffer"),
+    pytest.param("qwen3.5-4b", "extra_buffer", True, id="qwen3.5-4b-extra_buffer-overlap"),
+    pytest.param("qwen3.5-4b", "no_buffer", False, id="qwen3.5-4b-no_buffer"),
+    pytest.param("nemotron-9b", "extra_buffer", True, id="nemotron-9b-extra_buffer-overlap"),
+]
+
+
+def branchy_plan(overlap: bool, mamba_extra: int, tokens: int) -> Plan:
+    """8 documents (700+ tokens) of 4 branches each plus an unrelated request, one question
+    per step, 4 rows: every round forks or parks, and published states compete for slots."""
+    reqs, base = [], 100_000
+    for d in range(8):
+        doc = list(range(base, base + 700 + 37 * d))
+        base += 5000
+        for b in range(4):
+            reqs.append((f"d{d}b{b}", doc + list(range(base, base + 40 + 7 * b)), None))
+            base += 100
+        reqs.append((f"u{d}", list(range(base, base + 200 + 50 * d)), None))
+        base += 1000
+    return Plan(requests=reqs, arrivals=[5] * 8, actions=[None] * 14, rows=4, tokens=tokens,
+                overlap=overlap, kv_extra=8192, mamba_extra=mamba_extra)
+
+
+@pytest.mark.parametrize("model, layout, overlap", TIGHT)
+def test_a_mamba_pool_just_above_the_minimum_keeps_forks_parking_and_reuse(model, layout,
+                                                                           overlap):
+    """SGLang users report "Can not alloc mamba cache" crashes and branch reuse dropping to 0
+    when mamba slots run short. At the minimum pool + 1 slot (harness.mamba_slots_for), forks
+    and parking trigger neither: no allocation fails (SGLang asserts), every invariant and
+    the reuse watch hold (no parked consumer starts below the depth it waited for), and
+    every policy schedules exactly what it does with 64 slots more."""
+    runs = {}
+    for extra in (1, 64):
+        for tokens in (512, 2048):  # chunked documents, and whole ones (no_buffer forks)
+            plan = branchy_plan(overlap, extra, tokens)
+            for policy in ("stock", "radixflow"):
+                h, leaks = run(model, layout, policy, plan)
+                check(h, leaks, layout)
+                runs[extra, tokens, policy] = h
+    for policy in ("stock", "radixflow"):
+        tight = [runs[1, t, policy] for t in (512, 2048)]
+        assert max(h.peak_mamba_used - h.kit.cfg.mamba_slots for h in tight) >= -1  # ran full
+    for tokens in (512, 2048):
+        for policy in ("stock", "radixflow"):
+            tight, roomy = runs[1, tokens, policy], runs[64, tokens, policy]
+            assert (tight.scheduled_tokens, tight.hit_tokens) == (roomy.scheduled_tokens,
+                                                                  roomy.hit_tokens)
+        assert (runs[1, tokens, "radixflow"].scheduled_tokens
+                <= runs[1, tokens, "stock"].scheduled_tokens)
+    parked = [runs[1, t, "radixflow"] for t in (512, 2048)]
+    assert sum(h.kit.runtime.totals.blocked for h in parked) > 0
+    assert sum(h.kit.runtime.totals.forks for h in parked) > 0
+    assert sum(h.reuse.kept for h in parked) > 0

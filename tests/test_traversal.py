@@ -7,6 +7,7 @@ depths are computed from the model's grid and the shared length, never typed in.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -21,6 +22,14 @@ CASES = [
 ]
 # overlap scheduling exists only with extra_buffer (SGLang forces it off for no_buffer)
 OVERLAP_CASES = [c for c in CASES if c.values[1] != "no_buffer"]
+# KV pages (issue 13 item 11): no_buffer exists only at page 1 in SGLang; page 128 moves
+# Qwen's checkpoint grid to lcm(64, 128)
+PAGED = [pytest.param(*c.values, 1, id=c.id) for c in CASES] + [
+    pytest.param(m, lay, page, id=f"{m}-{lay}-page{page}")
+    for m, lay in [("qwen3.5-4b", "extra_buffer"), ("nemotron-9b", "extra_buffer"),
+                   ("qwen3-8b", "full")]
+    for page in (16, 64)] + [
+    pytest.param("qwen3.5-4b", "extra_buffer", 128, id="qwen3.5-4b-extra_buffer-page128")]
 NO_LEAK = {"kv": 0, "rows": 0, "mamba": 0}
 
 
@@ -32,16 +41,22 @@ def kit(make_kit, model, layout, policy, **cfg):
     k = make_kit(model, "extra_buffer" if layout == "full" else layout, policy, **cfg)
     if k.runtime is not None:
         assert k.runtime.grid.layout.value == layout
-        assert k.runtime.grid.size == (k.geometry.grid if layout != "full" else 1)
+        assert k.runtime.grid.size == grid_of(k, layout)
     return k
+
+
+def grid_of(k, layout: str) -> int:
+    """SGLang's checkpoint grid: lcm(the model's chunk, the page); full attention: the page."""
+    page = k.cfg.page_size
+    return page if layout == "full" else math.lcm(k.geometry.grid, page)
 
 
 def fork_at(k, layout: str, common: int) -> int:
     """Where the producer publishes for a consumer sharing `common` tokens with it."""
-    if layout == "extra_buffer":
-        g = k.geometry.grid
-        return common // g * g
-    return common  # no_buffer: the divergence as a chunk end; full attention: every page
+    if layout == "no_buffer":
+        return common  # the divergence as a chunk end (SGLang: page 1 only)
+    g = grid_of(k, layout)  # extra_buffer: on the grid; full attention: whole pages
+    return common // g * g
 
 
 def waits(k):
@@ -66,10 +81,10 @@ def coverage_errors(rounds, lengths: dict[str, int]) -> list:
 # --- Figure 1: producer, consumer, independent work ------------------------------------------
 
 
-@pytest.mark.parametrize("model, layout", CASES)
-def test_figure1_consumer_waits_one_round_and_hits_the_fork(make_kit, model, layout):
+@pytest.mark.parametrize("model, layout, page", PAGED)
+def test_figure1_consumer_waits_one_round_and_hits_the_fork(make_kit, model, layout, page):
     p, a, d = DOC + toks(5000, 100), DOC + toks(6000, 120), toks(20_000, 300)
-    k = kit(make_kit, model, layout, "traversal")
+    k = kit(make_kit, model, layout, "traversal", page_size=page)
     k.submit(k.req("P", p), k.req("A", a), k.req("D", d))
     fork = fork_at(k, layout, len(DOC))
     r1 = k.step()
@@ -93,10 +108,11 @@ def test_figure1_consumer_waits_one_round_and_hits_the_fork(make_kit, model, lay
     assert k.leaks() == NO_LEAK
 
 
-@pytest.mark.parametrize("model, layout", CASES)
-def test_figure1_stock_admits_the_consumer_at_once_and_recomputes(make_kit, model, layout):
+@pytest.mark.parametrize("model, layout, page", PAGED)
+def test_figure1_stock_admits_the_consumer_at_once_and_recomputes(make_kit, model, layout,
+                                                                  page):
     p, a, d = DOC + toks(5000, 100), DOC + toks(6000, 120), toks(20_000, 300)
-    k = kit(make_kit, model, layout, "stock")
+    k = kit(make_kit, model, layout, "stock", page_size=page)
     k.submit(k.req("P", p), k.req("A", a), k.req("D", d))
     r1 = k.step()
     assert r1.rids == ["P", "A", "D"] and r1.prefix == {"P": 0, "A": 0, "D": 0}
@@ -115,12 +131,12 @@ def four_branch(k, n=4):
     return len(doc) + len(q), lengths
 
 
-@pytest.mark.parametrize("model, layout", CASES)
-def test_four_branch_document_computed_once(make_kit, model, layout):
-    ks = kit(make_kit, model, layout, "stock")
+@pytest.mark.parametrize("model, layout, page", PAGED)
+def test_four_branch_document_computed_once(make_kit, model, layout, page):
+    ks = kit(make_kit, model, layout, "stock", page_size=page)
     common, lengths = four_branch(ks)
     stock = ks.drain()
-    kt = kit(make_kit, model, layout, "traversal")
+    kt = kit(make_kit, model, layout, "traversal", page_size=page)
     four_branch(kt)
     trav = kt.drain()
     fork = fork_at(kt, layout, common)
@@ -200,6 +216,66 @@ def test_radix_equals_stock_round_by_round(make_kit, model, layout, overlap):
         assert out["radix"] == out["stock"], seed
         chunked += sum(1 for r in out["stock"] if r[4] is not None)
     assert chunked > 0  # the budgets did force chunking
+
+
+class _Schedule:
+    """`get_schedule()` with prefill_max_requests overridden; every other field upstream's."""
+
+    def __init__(self, inner, prefill_max_requests: int) -> None:
+        self._inner, self.prefill_max_requests = inner, prefill_max_requests
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("model, layout", [CASES[0], CASES[1], CASES[4]])
+def test_radix_equals_stock_under_patched_scheduler_globals(make_kit, monkeypatch, model,
+                                                            layout):
+    """Issue 13 item 9: SGLang's tests patch sglang.srt.managers.scheduler's globals; the
+    copied scan must read them there too (it once imported them by value)."""
+    import sglang.srt.managers.scheduler as sched_mod
+
+    import radixflow_sglang.adapter.scan  # noqa: F401  NOTE: loaded before the patch
+    schedule, stamp = sched_mod.get_schedule, sched_mod.set_time_batch
+    stamped: list[list[str]] = []
+    monkeypatch.setattr(sched_mod, "get_schedule", lambda: _Schedule(schedule(), 1))
+    monkeypatch.setattr(sched_mod, "set_time_batch", lambda reqs, name: (
+        stamped.append([r.rid for r in reqs]), stamp(reqs, name))[1])
+    for seed in range(3):
+        reqs, tokens, rows = random_workload(seed)
+        out = {}
+        for policy in ("stock", "radix"):
+            stamped.clear()
+            k = kit(make_kit, model, layout, policy, tokens=tokens, rows=rows)
+            out[policy] = shape(run_workload(k, seed, reqs))
+            assert stamped == [r[0] for r in out[policy]]  # the patched stamp saw every round
+            assert k.leaks() == NO_LEAK, (seed, policy)
+        assert all(len(r[0]) <= 1 for r in out["stock"])  # the patch took effect
+        assert out["radix"] == out["stock"], seed
+
+
+def test_radix_honours_a_patched_test_retract(make_kit, monkeypatch):
+    """TEST_RETRACT with a no-prefill batch size of -1: every scan returns without a batch."""
+    import sglang.srt.managers.scheduler as sched_mod
+
+    import radixflow_sglang.adapter.scan  # noqa: F401  NOTE: loaded before the patch
+    monkeypatch.setattr(sched_mod, "TEST_RETRACT", True)
+    monkeypatch.setattr(sched_mod, "TEST_RETRACT_NO_PREFILL_BS", -1)
+    for policy in ("stock", "radix"):
+        k = make_kit(policy=policy)
+        k.submit(k.req("A", toks(1000, 100)))
+        assert [k.step() for _ in range(3)] == [None] * 3, policy
+        assert [r.rid for r in k.sched.waiting_queue] == ["A"]
+
+
+def test_the_copied_scan_reads_the_upstream_module_namespace():
+    import sglang.srt.managers.scheduler as sched_mod
+
+    from radixflow_sglang.adapter import scan
+    from radixflow_sglang.adapter import scheduler as ours
+
+    assert scan.get_new_batch_prefill_raw.__globals__ is sched_mod.__dict__
+    assert ours.get_new_batch_prefill_raw is scan.get_new_batch_prefill_raw  # what it calls
 
 
 @pytest.mark.parametrize("model, layout", CASES)
@@ -546,3 +622,109 @@ def test_pruning_drops_the_wait_history_of_selected_requests(make_kit):
     rt._prune(k.sched)
     assert rt.traversal.waits.total_rounds == {} and rt._records() == 0
     assert [r.rid for r in k.sched.waiting_queue] == ["Q"]  # the queue itself is untouched
+
+
+# --- pages: +Frag deferral and the no_buffer cut ---------------------------------------------
+
+
+def first_round(make_kit, model, policy, page, tokens, b_len):
+    """a (2,000 tokens) then b (b_len): the first round that runs (admission holds skipped)."""
+    now = [0.0]
+    k = make_kit(model, "extra_buffer", policy, clock=lambda: now[0], page_size=page,
+                 tokens=tokens)
+    k.submit(k.req("a", toks(10_000, 2000)), k.req("b", toks(20_000, b_len)))
+    for _ in range(4):
+        rnd = k.step()
+        if rnd is not None:
+            return k, rnd
+        now[0] += 1.0  # past any admission deadline
+    raise AssertionError("no round ran")
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-4b", "nemotron-9b"])
+@pytest.mark.parametrize("page", [16, 64])
+def test_frag_defers_exactly_the_stateless_fragments_sglang_would_cut(make_kit, model, page):
+    """+Frag skips b when, and only when, native admission cuts b into a chunk that publishes
+    no state (0 < extend < G). SGLang fits a request on its page-ceiled extend and cuts on
+    pages, so the raw residual budget is the wrong test: at page 16 a 50-token b 'fits' 60
+    raw tokens but is cut to 48; at page 64 a residual below the page cuts nothing (native
+    OTHER), which is no fragment."""
+    charged_a = -(-2000 // page) * page  # the page-ceiled compute charge of a
+    outcomes = set()
+    for left in (40, 60, 100, 200):
+        for b_len in (50, 300):
+            _, native = first_round(make_kit, model, "radix", page, charged_a + left, b_len)
+            k, frag = first_round(make_kit, model, "radixflow-frag", page, charged_a + left,
+                                  b_len)
+            g = k.runtime.grid.size
+            cut = native.extend.get("b") if native.chunked == "b" else None
+            fragment = cut is not None and 0 < cut < g
+            outcomes.add((fragment, cut is None and "b" not in native.rids))
+            case = (left, b_len, native.rids, native.extend, frag.rids)
+            if fragment:
+                assert frag.rids == [r for r in native.rids if r != "b"], case
+                assert k.runtime.frag_deferred == {"b": 1}, case
+                assert [r.rid for r in k.sched.waiting_queue] == ["b"], case
+            else:
+                assert frag.rids == native.rids and frag.extend == native.extend, case
+                assert k.runtime.totals.frag_deferred == 0, case
+            assert not any(r.kv.holds_mamba for r in k.sched.waiting_queue)
+    assert (False, False) in outcomes
+    # a cut on pages is 0 or >= page: with G == page no cut is ever a fragment
+    assert ((True, False) in outcomes) == (math.lcm(k.geometry.grid, page) > page)
+    if page == 64:
+        assert (False, True) in outcomes  # a residual below the page: native cuts nothing
+
+
+def test_the_kit_refuses_no_buffer_on_pages_as_sglang_does(make_kit):
+    for page in (16, 64):
+        with pytest.raises(ValueError, match="no_buffer only supports page_size=1"):
+            make_kit("qwen3.5-4b", "no_buffer", "traversal", page_size=page)
+    with pytest.raises(ValueError, match="KitConfig.page_size: 48"):
+        make_kit("qwen3.5-4b", "extra_buffer", "stock", page_size=48)  # 48 vs 64: no divisor
+
+
+@pytest.mark.parametrize("page", [1, 16, 64])
+def test_grid_fork_depths_sit_on_pages(page):
+    """Engine-free: every fork depth Grid offers is a page multiple past the producer's
+    prefix, and the deepest such depth within reach (no_buffer cut; extra_buffer on the
+    lcm grid; full attention whole pages)."""
+    from radixflow_sglang.core.grid import Grid, Layout
+
+    grids = [Grid(Layout.NO_BUFFER, 64, page), Grid(Layout.EXTRA_BUFFER, math.lcm(64, page),
+                                                   page), Grid(Layout.FULL, page, page)]
+    for g in grids:
+        step = g.size if g.layout is not Layout.NO_BUFFER else page
+        for prefix in (0, 4 * step):
+            for reach in range(prefix - 3, prefix + 5 * step + 3, 7):
+                d = g.fork_depth(prefix, 3 * step + 5, reach)
+                end = prefix + 3 * step + 5
+                best = min(reach, end) // step * step
+                useful = d if d is not None and d > prefix else None  # FULL may say 0 / prefix
+                assert useful == (best if best > prefix else None), (g, prefix, reach)
+                assert d is None or d % page == 0
+    with pytest.raises(ValueError, match="multiple of the page"):
+        Grid(Layout.EXTRA_BUFFER, 64, 128)
+
+
+def test_an_in_flight_sharer_past_reach_does_not_hide_a_usable_producer(make_kit):
+    """Overlap: d0b1 (forked to publish at 640) and d0b0 (its last chunk publishes at 704,
+    past the consumers' reach of 700) are both in flight and share the whole document with
+    d0b2 / d0b3. The consumers parked on d0b1 must keep waiting for 640, not be released to
+    the 512 state because the first sharer found (d0b0) is of no use."""
+    k = kit(make_kit, "qwen3.5-4b", "extra_buffer", "traversal-always", rows=4, tokens=512,
+            overlap=True)  # NOTE: parking must happen (the cost-aware rule may not wait here)
+    doc = toks(100_000, 700)
+    k.submit(*[k.req(f"d0b{b}", doc + toks(200_000 + 100 * b, 40 + 7 * b)) for b in range(4)])
+    waits_ = k.runtime.traversal.waits
+    promised, got = {}, {}
+    for _ in range(12):
+        parked = {rid: waits_.get(rid).depth for rid in waits_.rids()}
+        rnd = k.step()
+        for rid in rnd.rids if rnd is not None else ():
+            if rid in parked:
+                promised[rid], got[rid] = parked[rid], rnd.prefix[rid]
+    assert promised.get("d0b2") == promised.get("d0b3") == 640  # the case did arise
+    assert got == promised
+    k.drain()
+    assert k.leaks() == NO_LEAK

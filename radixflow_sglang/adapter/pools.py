@@ -17,7 +17,10 @@ check_sglang_version()
 
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape  # noqa: E402
 from sglang.srt.environ import envs  # noqa: E402
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator import (  # noqa: E402
+    PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
 from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
     HybridLinearKVPool,
     HybridReqToTokenPool,
@@ -56,6 +59,11 @@ def cpu_pools(
         kv = MHATokenToKVPool(size=tokens, page_size=page_size, dtype=torch.bfloat16,
                               head_num=1, head_dim=4, layer_num=num_layers, device="cpu",
                               enable_memory_saver=False)
-    alloc = TokenToKVPoolAllocator(size=tokens, dtype=torch.bfloat16, device="cpu",
-                                   kvcache=kv, need_sort=False)
+    if page_size > 1:  # NOTE: as the model runner picks it for a paged KV cache
+        alloc = PagedTokenToKVPoolAllocator(size=tokens, page_size=page_size,
+                                            dtype=torch.bfloat16, device="cpu", kvcache=kv,
+                                            need_sort=False)
+    else:
+        alloc = TokenToKVPoolAllocator(size=tokens, dtype=torch.bfloat16, device="cpu",
+                                       kvcache=kv, need_sort=False)
     return r2t, kv, alloc

@@ -28,7 +28,7 @@ from .admission import AdmissionHold, Sleep
 
 check_sglang_version()
 
-from sglang.srt.runtime_context import mamba_cache_chunk_size  # noqa: E402
+from sglang.srt.runtime_context import mamba_checkpoint_grid  # noqa: E402
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -48,9 +48,10 @@ def req_tokens(req: Req):
 def cache_grid(sched: Scheduler) -> Grid:
     cache = sched.tree_cache
     if not cache.supports_mamba():
-        return Grid(Layout.FULL, sched.page_size)
+        return Grid(Layout.FULL, sched.page_size, sched.page_size)
     layout = Layout.EXTRA_BUFFER if cache.enable_mamba_extra_buffer else Layout.NO_BUFFER
-    return Grid(layout, mamba_cache_chunk_size())
+    # NOTE: lcm(mamba_cache_chunk_size, tree page), as _mamba_radix_cache_v2_req_prepare_for_extend
+    return Grid(layout, mamba_checkpoint_grid(cache.page_size), cache.page_size)
 
 
 class RadixFlowRuntime:
@@ -257,17 +258,18 @@ class RadixFlowRuntime:
         """Skip a request this round, before it consumes anything, when admitting it would cut
         it into a chunk: while a fork-cut producer holds SGLang's one chunk slot (the cut
         would displace it), or, under +Frag, when the residual chunk budget would leave a
-        fragment that publishes no state (extend < G; capped per request)."""
+        fragment that publishes no state (0 < cut < G; capped per request). Fit and cut are
+        SGLang's, on pages (a cut of 0 is native's OTHER, not a fragment)."""
         left = adder.rem_chunk_tokens
         if left is None or not adder.can_run_list:
             return False
-        extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-        if extend <= left:
+        cut = _chunk_cut(sched, adder, req, left)
+        if cut is None:
             return False
         if self._fork_chunk is not None:
             release_parked(sched, req)
             return True
-        if not self.spec.frag or left >= self.grid.size:
+        if not self.spec.frag or cut <= 0 or cut >= self.grid.size:
             return False
         n = self.frag_deferred.get(req.rid, 0)
         if n >= self.cfg.frag_cap:
@@ -343,14 +345,18 @@ class RadixFlowRuntime:
         if cut <= 0:
             return
         assert adder.new_chunked_req in (None, req)
+        assert p.publish % adder.page_size == 0  # Grid.fork_depth cuts on a page
         self._fork_chunk = req
+        old = req.extend_end - req.prefix_len
         req.extend_end = p.publish
         p.extend = p.publish - p.prefix
         adder.new_chunked_req = req
-        # NOTE: give the compute budget back (KV stays reserved: conservative, never short).
-        adder.rem_input_tokens += cut
+        # NOTE: give back the compute budget _update_prefill_budget charged (page-ceiled unless
+        # exact_chunk_fill); KV stays reserved: conservative, never short.
+        refund = _compute_charge(adder, old) - _compute_charge(adder, p.extend)
+        adder.rem_input_tokens += refund
         if adder.rem_chunk_tokens is not None:
-            adder.rem_chunk_tokens += cut
+            adder.rem_chunk_tokens += refund
         adder.log_input_tokens -= cut
 
     @staticmethod
@@ -365,6 +371,27 @@ class RadixFlowRuntime:
             if self.dp_rank is not None:
                 record = {"dp_rank": self.dp_rank, **record}
             self._trace.write(json.dumps(record, default=str) + "\n")
+
+
+def _compute_charge(adder: PrefillAdder, extend: int) -> int:
+    """What `PrefillAdder._update_prefill_budget` takes from the compute budgets for an extend."""
+    return extend if adder.exact_chunk_fill else adder.ceil_paged_tokens(extend)
+
+
+def _chunk_cut(sched: Scheduler, adder: PrefillAdder, req: Req, left: int) -> int | None:
+    """None when the request fits the residual chunk budget `left` whole, else the extend
+    SGLang would cut it to (schedule_policy.py `PrefillAdder._select_prefill_admission`:
+    fit on the page-ceiled extend, cut floored to the page and truncation_align_size)."""
+    extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+    if _compute_charge(adder, extend) <= left:
+        return None
+    page, align = adder.page_size, sched.truncation_align_size
+    if adder.exact_chunk_fill:
+        return left // align * align if align is not None else left
+    cut = left // page * page
+    if align is not None:
+        cut = cut // align * align
+    return (req.prefix_len + cut) // page * page - req.prefix_len
 
 
 @dataclass

@@ -4,26 +4,22 @@ Source: sglang/srt/managers/scheduler.py, `Scheduler._get_new_batch_prefill_raw`
 copied verbatim; every change is a line marked `# RADIXFLOW:`. `rf` is the scheduler's
 `RadixFlowRuntime`; with the `radix` policy its hooks change nothing, so the scan selects
 exactly what stock selects (tested round by round against the unmodified method).
+
+The copy runs over the upstream module's globals (see `_with_upstream_globals` below): every
+free name (TEST_RETRACT, get_schedule, set_time_batch, AddReqResult, ...) resolves in
+sglang.srt.managers.scheduler at call time, exactly as upstream's method does, so patching
+one there (as SGLang's own tests do) reaches this scan too.
 """
 # ruff: noqa
 # fmt: off
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import builtins
+import dis
+import types
 
-import torch
-
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.scheduler import (
-    TEST_RETRACT,
-    TEST_RETRACT_NO_PREFILL_BS,
-    AddReqResult,
-    PrefillDelayerSinglePassExecutor,
-    PrefillStats,
-    get_schedule,
-    set_time_batch,
-)
+import sglang.srt.managers.scheduler as _upstream
 
 
 def get_new_batch_prefill_raw(
@@ -372,3 +368,27 @@ def get_new_batch_prefill_raw(
         new_batch.decoding_reqs = None
 
     return new_batch, running_batch
+
+
+def _with_upstream_globals(fn: types.FunctionType) -> types.FunctionType:
+    """`fn` rebuilt over sglang.srt.managers.scheduler's namespace (not a snapshot of it).
+
+    NOTE: a `from ... import NAME` copy binds NAME by value when this module loads, so a later
+    patch of the upstream module would reach stock but not us. Every global the copy reads
+    must exist upstream (checked here, at import): a missing one fails loudly, not mid-scan.
+    """
+    names = {i.argval for i in dis.get_instructions(fn) if i.opname == "LOAD_GLOBAL"}
+    missing = sorted(n for n in names if n not in _upstream.__dict__ and not hasattr(builtins, n))
+    if missing:
+        raise ImportError(f"radixflow_sglang scan: {missing} not defined in {_upstream.__name__}")
+    out = types.FunctionType(fn.__code__, _upstream.__dict__, fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    out.__annotations__ = fn.__annotations__
+    out.__doc__ = fn.__doc__
+    out.__module__ = fn.__module__
+    out.__qualname__ = fn.__qualname__
+    return out
+
+
+get_new_batch_prefill_raw = _with_upstream_globals(get_new_batch_prefill_raw)

@@ -3,6 +3,11 @@
 Ported from `ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend` (extra_buffer),
 `MambaComponent.prepare_for_caching_req` (no_buffer: the extend end) and the full-attention
 radix cache (every page). Depths are absolute token counts from the sequence start.
+
+Pages (page_size > 1): the tree names only page-aligned depths, and SGLang cuts chunks on
+pages. So a mamba checkpoint grid is lcm(model chunk, page) (`mamba_checkpoint_grid`,
+runtime_context.py) and must be a multiple of the page; a no_buffer cut (a chunk end) lands on a
+page (SGLang itself allows no_buffer only at page 1); full attention publishes whole pages.
 """
 
 from __future__ import annotations
@@ -20,7 +25,18 @@ class Layout(StrEnum):
 @dataclass(frozen=True)
 class Grid:
     layout: Layout
-    size: int  # mamba checkpoint grid G, or the page size for full attention
+    size: int  # mamba checkpoint grid G (lcm with the page), or the page size for full attention
+    page: int = 1  # KV page size: chunk ends and tree depths are multiples of it
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.page < 1:
+            raise ValueError(f"Grid: size {self.size} and page {self.page} must be >= 1")
+        if self.layout is Layout.FULL and self.page not in (1, self.size):
+            raise ValueError(f"Grid: full attention publishes pages: size {self.size} is the "
+                             f"page, not {self.page}")
+        if self.layout is not Layout.FULL and self.size % self.page:
+            raise ValueError(f"Grid: checkpoint grid {self.size} is not a multiple of the page "
+                             f"{self.page} (SGLang uses lcm(chunk, page))")
 
     def planned_depth(self, prefix: int, extend: int, branching: int | None = None) -> int | None:
         """Depth the producer will publish after this extend; None when it publishes nothing."""
@@ -47,6 +63,7 @@ class Grid:
         if self.layout is Layout.FULL:
             return min(reach, prefix + extend) // self.size * self.size
         if self.layout is Layout.NO_BUFFER:
-            return min(reach, prefix + extend)  # as a chunk end
+            d = min(reach, prefix + extend) // self.page * self.page  # a chunk end: on a page
+            return d if d > prefix else None
         d = prefix + (min(reach, prefix + extend) - prefix) // self.size * self.size
         return d if d > prefix else None

@@ -82,12 +82,20 @@ class ProducerIndex:
     def longest(
         self, namespace: Hashable, tokens: Sequence[int], exclude: str | None = None
     ) -> tuple[Producer, int] | None:
-        """The producer sharing the longest token prefix with `tokens`, and that length.
+        """The producer sharing the longest token prefix with `tokens`, and that length."""
+        hits = self.sharers(namespace, tokens, exclude)
+        return hits[0] if hits else None
+
+    def sharers(
+        self, namespace: Hashable, tokens: Sequence[int], exclude: str | None = None
+    ) -> list[tuple[Producer, int]]:
+        """Producers sharing the deepest shared block with `tokens`, with their common prefix
+        length, longest first (ties in insertion order, so every TP rank sees the same list).
 
         Walks the request's block chain to the deepest block some producer shares, then
-        confirms at most `VERIFY` of those producers token by token (insertion order, so every
-        TP rank picks the same one): the cost follows the request's length, not the number of
-        producers sharing the prefix. Sharers of the deepest block differ by < one block.
+        confirms at most `VERIFY` of those producers token by token (insertion order): the
+        cost follows the request's length, not the number of producers sharing the prefix.
+        Sharers of the deepest block differ by < one block.
         """
         deepest: list[str] = []
         for k in _chain(namespace, tokens, self.block, len(tokens)):
@@ -95,14 +103,15 @@ class ProducerIndex:
             if not rids or rids == [exclude]:
                 break
             deepest = rids
-        best: tuple[Producer, int] | None = None
         if deepest and not isinstance(tokens, list):
             tokens = list(tokens)  # only on a hit: most lookups stop at the first block
+        out = []
         for rid in [r for r in deepest[: self.VERIFY + 1] if r != exclude][: self.VERIFY]:
             p = self._producers[rid]
             if p.namespace != namespace:
                 continue
             n = common_prefix(tokens, p.tokens)
-            if n >= self.block and (best is None or n > best[1]):
-                best = (p, n)
-        return best
+            if n >= self.block:
+                out.append((p, n))
+        out.sort(key=lambda hit: -hit[1])  # NOTE: stable: ties keep insertion order
+        return out

@@ -88,11 +88,16 @@ class Traversal:
         return self.index.longest(namespace, tokens, exclude=rid) is not None
 
     def classify(self, c: Candidate) -> Blocking | None:
-        """Blocked(c) per the module docstring; None means native handling. No side effects."""
-        hit = self.index.longest(c.namespace, c.tokens, exclude=c.rid)
-        if hit is None:
-            return None
-        p, common = hit
+        """Blocked(c) per the module docstring; None means native handling. No side effects.
+        NOTE: any sharing producer may block c, not only the longest: an in-flight sharer
+        that publishes past c's reach must not hide one that publishes within it."""
+        for p, common in self.index.sharers(c.namespace, c.tokens, exclude=c.rid):
+            b = self._blocking(c, p, common)
+            if b is not None:
+                return b
+        return None
+
+    def _blocking(self, c: Candidate, p: Producer, common: int) -> Blocking | None:
         reach = min(common, c.max_prefix)
         g = self.cfg.grid
         if g.layout is Layout.FULL:

@@ -54,6 +54,7 @@ class KitConfig:
     overlap: bool = False  # publish lag of overlap scheduling (result processed one round late)
     tree_core: str = "python"
     disable_radix_cache: bool = False  # --disable-radix-cache: the same cache with disable=True
+    page_size: int = 1  # KV page (ServerArgs.page_size); no_buffer allows only 1 (as SGLang)
 
 
 @dataclass
@@ -64,11 +65,32 @@ class Pools:
     server_args: ServerArgs
 
 
+def check_page_size(cfg: KitConfig, geo: Geometry) -> None:
+    """SGLang's own start-up checks on page_size for this layout (mamba_hook.py
+    `validate_mamba_no_buffer`, overrides.py `mamba_cache_chunk_size`)."""
+    page = cfg.page_size
+    if not isinstance(page, int) or page < 1:
+        raise ValueError(f"KitConfig.page_size: {page!r} (a positive integer)")
+    if not geo.hybrid or page == 1:
+        return
+    if cfg.layout == "no_buffer":
+        raise ValueError(f"KitConfig.page_size: {page} with layout no_buffer (SGLang: "
+                         f"no_buffer only supports page_size=1; use extra_buffer)")
+    if max(geo.grid, page) % min(geo.grid, page):
+        raise ValueError(f"KitConfig.page_size: {page} (SGLang: the mamba chunk size "
+                         f"{geo.grid} and the page size must divide one another)")
+
+
+def mamba_chunk(cfg: KitConfig, geo: Geometry) -> int:
+    """SGLang's `mamba_cache_chunk_size`: max(the model's mamba chunk, page_size)."""
+    return max(geo.grid, cfg.page_size)
+
+
 def build_server_args(cfg: KitConfig, geo: Geometry) -> ServerArgs:
     tokens = cfg.tokens or geo.tokens
     args = ServerArgs(
         model_path="dummy",
-        page_size=1,
+        page_size=cfg.page_size,
         chunked_prefill_size=tokens,
         max_prefill_tokens=tokens,
         max_running_requests=cfg.rows or geo.rows,
@@ -79,7 +101,7 @@ def build_server_args(cfg: KitConfig, geo: Geometry) -> ServerArgs:
         disable_radix_cache=cfg.disable_radix_cache,
     )
     # NOTE: a dummy model has no HF config to read the grid from; preset it (as build_fixture).
-    args._mamba_cache_chunk_size = geo.grid
+    args._mamba_cache_chunk_size = mamba_chunk(cfg, geo)
     set_global_server_args_for_scheduler(args)
     return args
 
@@ -94,12 +116,13 @@ def build_pools(cfg: KitConfig, geo: Geometry) -> Pools:
         num_layers=geo.num_layers if geo.hybrid else 2,
         mamba_layers=geo.mamba_layers if geo.hybrid else (),
         mamba_slots=cfg.mamba_slots or rows * 4 + 64, extra_buffer=extra,
+        page_size=cfg.page_size,
         **({"speculative_num_draft_tokens": 3} if geo.hybrid else {}),
     )
     hybrid = (ComponentType.FULL, ComponentType.MAMBA)
     components = hybrid if geo.hybrid else (ComponentType.FULL,)
     params = CacheInitParams(
-        req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=1,
+        req_to_token_pool=r2t, token_to_kv_pool_allocator=alloc, page_size=cfg.page_size,
         disable=cfg.disable_radix_cache,  # NOTE: as kv_cache_builder.py builds it (0.5.23)
         tree_components=components, enable_mamba_extra_buffer=extra,
     )
@@ -122,7 +145,7 @@ def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geom
     s.req_to_token_pool = pools.req_to_token
     s.token_to_kv_pool_allocator = pools.allocator
     s.tree_cache = pools.cache
-    s.page_size = 1
+    s.page_size = cfg.page_size
     s.waiting_queue = []
     s.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
     s.chunked_req = None
@@ -220,6 +243,7 @@ class Kit:
             raise ValueError(f"KitConfig.layout: {self.cfg.layout!r} (choose from "
                              f"{', '.join(LAYOUTS)})")
         self.geometry = self.geometry or load_geometry(self.cfg.model)
+        check_page_size(self.cfg, self.geometry)
         self.pools = build_pools(self.cfg, self.geometry)
         cls = scheduler_class(self.policy, self.radixflow_config)
         self.sched = make_scheduler(cls, self.pools, self.cfg, self.geometry)
