@@ -268,9 +268,29 @@ RAW_WRAPPER = '''\
             return None, running_batch  # held: no scan this pass (as upstream's empty queue)
         return get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch)
 '''
+# The forward timer and the round-cost fit: both wrap upstream's method and call it unchanged.
+RUN_BATCH = '''\
+    def run_batch(self, batch, *args, **kwargs):
+        """Upstream's run_batch, with a prefill forward's duration measured around it."""
+        if not batch.forward_mode.is_extend():
+            return super().run_batch(batch, *args, **kwargs)
+        token = forward_timer.start(self)
+        result = super().run_batch(batch, *args, **kwargs)
+        forward_timer.stop(token, result)
+        return result
+'''
+PROCESS_RESULT = '''\
+    def process_batch_result(self, batch, result):
+        out = super().process_batch_result(batch, result)
+        if batch.forward_mode.is_extend():
+            # NOTE: every rank processes the same batches in the same order, so the broadcast
+            # inside observe_forward runs on every rank, in order.
+            rows, tokens, pairs = forward_timer.batch_shape(batch)
+            self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result),
+                                           pairs=pairs, forward_iter=batch.forward_iter)
+        return out
+'''
 # The Scheduler methods RadixFlowScheduler replaces (anything else is SGLang's own).
-# NOTE: run_batch / process_batch_result (the forward timer and the round-cost fit, merged
-# from main) wrap upstream's and call it unchanged; their text is not pinned here.
 OVERRIDDEN = {"_get_new_batch_prefill_raw", "get_internal_state", "get_new_batch_prefill",
               "run_batch", "process_batch_result"}
 
@@ -418,6 +438,8 @@ def test_the_get_new_batch_prefill_override_is_the_reviewed_one():
 
     assert inspect.getsource(RadixFlowScheduler.get_new_batch_prefill) == OVERRIDE
     assert inspect.getsource(RadixFlowScheduler._get_new_batch_prefill_raw) == RAW_WRAPPER
+    assert inspect.getsource(RadixFlowScheduler.run_batch) == RUN_BATCH
+    assert inspect.getsource(RadixFlowScheduler.process_batch_result) == PROCESS_RESULT
     replaced = {n for n, v in vars(RadixFlowScheduler).items()
                 if callable(v) and hasattr(sched_mod.Scheduler, n)}
     assert replaced == OVERRIDDEN
