@@ -34,8 +34,10 @@ def server(tmp_path_factory):
     log = tmp / "server.log"
     cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
            "--port", str(port), "--enable-metrics", "--disable-overlap-schedule",
-           # NOTE: a 50 ms hold, so concurrent test branches share a round on a busy 2-core box
-           "--radixflow-admission-ms", "50",
+           # NOTE: a 50 ms unconditional hold (radixflow-always), so concurrent test branches
+           # share a round on a busy 2-core box; radixflow's cost-aware hold releases a lone
+           # arrival at once (no arrival history), so they would land in separate rounds
+           "--radixflow-policy", "radixflow-always", "--radixflow-admission-ms", "50",
            "--radixflow-trace", str(tmp / "trace.jsonl")]
     with Server(cmd, env, log, port, cwd=ROOT) as srv:  # NOTE: eval/run_arms.py's server handling
         srv.wait_ready(300)
@@ -60,7 +62,7 @@ def test_four_branches_park_then_hit_the_fork_state(server):
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(lambda ids: _generate(base, ids), branches))
     info = request_json(base + "/server_info")[1]["internal_states"][0]["radixflow"]
-    assert info["policy"] == "radixflow" and info["grid"] == 64 and info["blocked"] >= 1
+    assert info["policy"] == "radixflow-always" and info["grid"] == 64 and info["blocked"] >= 1
     # no_buffer (SGLang's choice without overlap) cuts the producer at the fork: 2,000;
     # extra_buffer publishes on the grid: 1,984.
     fork = len(doc) if info["layout"] == "no_buffer" else len(doc) // 64 * 64
@@ -68,8 +70,8 @@ def test_four_branches_park_then_hit_the_fork_state(server):
     assert cached[0] == 0 and cached[1:] == [fork] * 3  # one producer; the rest hit the fork
     rounds = [e for e in _events(trace) if e["event"] == "round"]
     assert sum(e["blocked"] for e in rounds) == info["blocked"]
-    # the cost-aware rule ran on a fit of the simulated executor's measured forwards
-    assert info["wait_rule"] == "cost-aware" and "cost-aware wait" in info["composition"]
+    # the round-cost fit ran on the simulated executor's measured forwards
+    assert info["wait_rule"] == "always" and "always hold" in info["composition"]
     forwards = [e for e in _events(trace) if e["event"] == "forward"]
     assert forwards and all(e["duration_s"] > 0 for e in forwards)
     assert info["cost"]["observed"] == len(forwards) and info["cost"]["beta_s"] > 0
