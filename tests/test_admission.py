@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 
 from radixflow_sglang.core.admission import Decision, Demand, Gate
+from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.policy import POLICIES, policy_spec
 
 DOC = list(range(1000, 3000))
+# NOTE: a round's fixed cost of 1 s and free tokens: every arrival joining saves 1 s, so the
+# cost-aware hold holds (the paper's release rules and the deadline still apply).
+EXPENSIVE = CostCoeffs(1.0, 0.0, 0.0, 0.0, "test")
 
 
 def demand(**kw) -> Demand:
@@ -45,19 +49,20 @@ def test_empty_queue_changes_nothing():
 
 
 def test_each_policy_composes_exactly_its_pieces():
-    comp = {n: (s.native_class, s.traversal, s.admission, s.admission_ms, s.frag, s.cost_aware)
-            for n in POLICIES for s in [policy_spec(n)]}
+    comp = {n: (s.native_class, s.traversal, s.admission, s.admission_ms, s.frag, s.cost_aware,
+                s.hold_cost) for n in POLICIES for s in [policy_spec(n)]}
     assert comp == {
-        "stock": (True, False, None, 0.0, False, False),
-        "radix": (False, False, None, 0.0, False, False),
-        "timer5": (False, False, "timer", 5.0, False, False),
-        "timer10": (False, False, "timer", 10.0, False, False),
-        "flex": (False, False, "flex", 5.0, False, False),
-        "traversal": (False, True, None, 0.0, False, True),
-        "radixflow": (False, True, "flex", 5.0, False, True),
-        "radixflow-frag": (False, True, "flex", 5.0, True, True),
-        "traversal-always": (False, True, None, 0.0, False, False),
-        "radixflow-always": (False, True, "flex", 5.0, False, False),
+        "stock": (True, False, None, 0.0, False, False, False),
+        "radix": (False, False, None, 0.0, False, False, False),
+        "timer5": (False, False, "timer", 5.0, False, False, False),
+        "timer10": (False, False, "timer", 10.0, False, False, False),
+        "flex": (False, False, "flex", 5.0, False, False, True),
+        "traversal": (False, True, None, 0.0, False, True, False),
+        "radixflow": (False, True, "flex", 5.0, False, True, True),
+        "radixflow-frag": (False, True, "flex", 5.0, True, True, True),
+        "traversal-always": (False, True, None, 0.0, False, False, False),
+        "radixflow-always": (False, True, "flex", 5.0, False, False, False),
+        "flex-always": (False, False, "flex", 5.0, False, False, False),
     }
     assert policy_spec("radixflow", admission_ms=2.0).admission_ms == 2.0
 
@@ -81,7 +86,7 @@ def clock():
 
 
 def test_flex_holds_a_lone_arrival_then_releases_at_the_deadline(make_kit, clock):
-    k = make_kit(policy="flex", clock=clock)
+    k = make_kit(policy="flex-always", clock=clock)  # the paper's rule: hold up to D
     k.submit(k.req("a", DOC + [1]))
     assert k.step() is None and k.runtime.held_iterations == 1
     clock.t = 0.005
@@ -104,7 +109,7 @@ def test_flex_releases_when_token_demand_fills_the_budget(make_kit, clock):
 
 
 def test_flex_releases_at_once_when_work_is_running(make_kit, clock):
-    k = make_kit(policy="flex", clock=clock, overlap=True)
+    k = make_kit(policy="flex-always", clock=clock, overlap=True)
     k.submit(k.req("a", DOC + [1]))
     assert k.step() is None
     clock.t = 0.005
@@ -125,7 +130,7 @@ def test_traversal_never_holds_and_flex_never_parks(make_kit, clock):
 
 
 def test_parked_requests_are_not_held_again_and_nothing_starves(make_kit, clock):
-    k = make_kit(policy="radixflow", clock=clock)
+    k = make_kit(policy="radixflow-always", clock=clock)  # always hold, always wait
     k.submit(*[k.req(f"b{i}", DOC + [i, 9, 9]) for i in range(4)])
     assert k.step() is None  # held: registered now, deadline not reached
     clock.t = 0.006
@@ -181,7 +186,7 @@ def test_frag_deferral_is_capped_then_native_chunking(make_kit, clock):
     assert k.runtime.frag_deferred["b"] == 1
 
 
-@pytest.mark.parametrize("policy", ["radixflow", "timer5"])
+@pytest.mark.parametrize("policy", ["radixflow-always", "timer5"])
 def test_skewed_clocks_agree_through_rank_zero(make_kit, policy):
     """Two simulated TP ranks whose clocks disagree (rank 1 jitters by 0-3 ms per iteration):
     with agreement every round is identical."""
@@ -212,7 +217,7 @@ def test_skewed_clocks_agree_through_rank_zero(make_kit, policy):
 
 
 def test_a_fresh_arrival_does_not_hold_back_parked_consumers(make_kit, clock):
-    k = make_kit(policy="radixflow", clock=clock)
+    k = make_kit(policy="radixflow-always", clock=clock)
     k.submit(*[k.req(f"b{i}", DOC + [i, 9, 9]) for i in range(3)])
     assert k.step() is None
     clock.t = 0.006
@@ -237,7 +242,8 @@ def test_timer_runs_eligible_work_while_fresh_requests_wait_their_deadline(make_
     assert sorted(k.step().rids) == ["early2", "late"]
 
 
-@pytest.mark.parametrize("policy", ["timer5", "timer10", "flex", "radixflow"])
+@pytest.mark.parametrize("policy", ["timer5", "timer10", "flex-always", "radixflow-always",
+                                    "flex"])
 def test_a_hold_never_waits_while_a_batch_is_in_flight(policy):
     """Issue 13 item 8: with a batch in flight (overlap) a fresh arrival is held out of the
     scan, but the scheduler never waits for its deadline (the in-flight result is processed)."""
@@ -245,6 +251,8 @@ def test_a_hold_never_waits_while_a_batch_is_in_flight(policy):
 
     clock, waits = Clock(), []
     k = Kit(KitConfig(overlap=True), policy=policy, clock=clock, sleep=waits.append)
+    if policy == "flex":
+        k.runtime.use_prior(EXPENSIVE)  # the cost-aware hold: a setting where holding wins
     k.submit(k.req("a", DOC + [1]))
     assert k.step() is None and len(waits) == 1  # idle: the hold waits for the deadline
     clock.t = 0.010

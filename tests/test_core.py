@@ -612,7 +612,8 @@ def test_each_policy_composition(name):
                                     "traversal-always", "radixflow-always"))
     assert s.cost_aware == (name in ("traversal", "radixflow", "radixflow-frag"))
     want_adm = {"timer5": "timer", "timer10": "timer", "flex": "flex", "radixflow": "flex",
-                "radixflow-frag": "flex", "radixflow-always": "flex"}.get(name)
+                "radixflow-frag": "flex", "radixflow-always": "flex",
+                "flex-always": "flex"}.get(name)
     assert s.admission == want_adm
     assert s.frag == (name == "radixflow-frag")
     if name.startswith("timer"):

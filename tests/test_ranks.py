@@ -16,7 +16,7 @@ DP = {0: {0: ("a",)}, 1: {6: ("b",)}}
 # One attention-TP group of two ranks (skewed clocks) sharing one queue.
 TP = {0: {0: ("q0",), 2: ("q1",), 4: ("q2",), 7: ("q3",)}}
 SCENARIOS = (
-    Scenario("dp", policy="flex", passes=10, arrivals=DP),
+    Scenario("dp", policy="flex-always", passes=10, arrivals=DP),  # the hold always holds
     Scenario("dp", policy="timer5", passes=10, arrivals=DP),
     Scenario("tp", policy="radixflow", passes=24, arrivals=TP),
     Scenario("tp", policy="timer10", passes=24, arrivals=TP),
@@ -42,7 +42,7 @@ def _selected(rounds) -> list[str]:
     return [rid for r in rounds if r for rid in r]
 
 
-@pytest.mark.parametrize("n", [0, 1], ids=["flex", "timer5"])
+@pytest.mark.parametrize("n", [0, 1], ids=["flex-always", "timer5"])
 def test_dp_ranks_gather_every_pass_while_one_holds(results, n):
     sc = SCENARIOS[n]
     r0, r1 = results[n]

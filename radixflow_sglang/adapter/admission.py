@@ -13,7 +13,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from radixflow_sglang.core.admission import Agreement, Decision, Demand, Gate, local_agreement
+from radixflow_sglang.core.admission import (
+    Agreement,
+    ArrivalRate,
+    Decision,
+    Demand,
+    Gate,
+    local_agreement,
+)
+from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.stats import RequestStats
 
 if TYPE_CHECKING:
@@ -28,12 +36,15 @@ class AdmissionHold:
 
     `requests` and `register` are the runtime's per-request records (shared with the scan
     hooks, which skip requests that are not eligible); `release` frees what a request matched
-    while probing its demand (the runtime's `release_parked`)."""
+    while probing its demand (the runtime's `release_parked`); `cost`: the current round-cost
+    fit (the runtime's estimator; the cost-aware flex hold weighs it against the arrival rate
+    this hold measures from its registrations)."""
 
     def __init__(self, gate: Gate, requests: dict[str, RequestStats],
                  register: Callable[[Req], None], release: Callable[[Scheduler, Req], None], *,
                  clock: Callable[[], float] = time.monotonic, sleep: Sleep = time.sleep,
-                 agreement: Agreement = local_agreement) -> None:
+                 agreement: Agreement = local_agreement,
+                 cost: Callable[[], CostCoeffs] | None = None) -> None:
         self.gate = gate
         self.requests = requests
         self.register = register
@@ -41,6 +52,8 @@ class AdmissionHold:
         self.clock = clock
         self.sleep = sleep
         self.agreement = agreement
+        self.cost = cost
+        self.arrivals = ArrivalRate()
         self.held_iterations = 0
         self.waits = 0  # holds that waited (nothing else to run)
         self.overtakes = 0
@@ -53,21 +66,23 @@ class AdmissionHold:
             return False
         now = self.clock()
         for r in queue:
+            if r.rid not in self.requests:
+                self.arrivals.add(now, len(r.origin_input_ids))
             self.register(r)
         fresh = [r for r in queue if not self.requests[r.rid].eligible]
         if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
-        demand = self._demand(sched, running_batch, queue, fresh)
+        demand = self._demand(sched, running_batch, queue, fresh, now)
         decision = self.gate.decide(demand, now)
         if decision.reason == "deadline" and self.gate.mode == "timer":
             # NOTE: a timer releases each request at its own deadline, nothing earlier.
             cutoff = now - self.gate.deadline_s
             due = sum(1 for r in fresh if self.requests[r.rid].registered <= cutoff)
             decision = Decision(False, "deadline", due)
-        if decision.reason == "deadline" or decision.hold:
-            # NOTE: the only clock-dependent outcomes. Whether this is reached follows only
-            # from rank-identical rules (rows, busy, tokens), so every rank of the group calls
-            # the broadcast, or none does.
+        if decision.reason in ("deadline", "cost") or decision.hold:
+            # NOTE: the only clock-dependent outcomes (deadline; cost reads the arrival rate).
+            # Whether this is reached follows only from rank-identical rules (rows, busy,
+            # tokens), so every rank of the group calls the broadcast, or none does.
             decision = self.agreement(decision)
         if not decision.hold:
             self._release(fresh, decision)
@@ -95,7 +110,7 @@ class AdmissionHold:
         for r in fresh:
             self.requests[r.rid].eligible = True
 
-    def _demand(self, sched: Scheduler, running_batch, queue, fresh) -> Demand:
+    def _demand(self, sched: Scheduler, running_batch, queue, fresh, now: float) -> Demand:
         # NOTE: eligible requests still waiting are work this round will run (flex rule a).
         busy = (not running_batch.is_empty() or sched.chunked_req is not None
                 or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
@@ -110,7 +125,9 @@ class AdmissionHold:
                 self.release(sched, r)
                 residual += len(r.origin_input_ids) + len(r.output_ids) - r.prefix_len
         oldest = min(self.requests[r.rid].registered for r in fresh)
-        return Demand(len(fresh), oldest, busy, rows, budget, residual)
+        cost = self.cost() if self.cost is not None else None
+        return Demand(len(fresh), oldest, busy, rows, budget, residual,
+                      self.arrivals.rate(now), self.arrivals.mean_length(), cost)
 
     def take_release_reason(self) -> str:
         reason, self.release_reason = self.release_reason, ""

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from radixflow_sglang.core.admission import Agreement, Decision, local_agreement
 
-REASONS = ("hold", "deadline", "busy", "rows", "tokens", "none")
+REASONS = ("hold", "deadline", "busy", "rows", "tokens", "none", "cost")
 
 
 def group_agreement(group) -> Agreement:

@@ -82,10 +82,11 @@ class RadixFlowRuntime:
         self._scan_reqs: dict[str, Req] = {}
         self._trace = open(cfg.trace, "a", buffering=1) if cfg.trace else None  # noqa: SIM115
         adm = self.spec.admission
-        self.gate = Gate(adm, self.spec.admission_ms) if adm else None
+        self.gate = (Gate(adm, self.spec.admission_ms, cost_aware=self.spec.hold_cost)
+                     if adm else None)
         self.admission = None if self.gate is None else AdmissionHold(
             self.gate, self.requests, self._register, release_parked,
-            clock=clock, sleep=sleep, agreement=agreement)
+            clock=clock, sleep=sleep, agreement=agreement, cost=lambda: self.cost.coeffs)
         self.frag_deferred: dict[str, int] = {}
         self.metrics = metrics
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan

@@ -3,7 +3,9 @@
 The paper's rule: an arrived request becomes eligible after at most D ms, and earlier when
 (a) the worker already has work, (b) held requests fill the rows the round can take, or
 (c) their residual token demand fills the round's token budget. Timer controls release only at
-the deadline or when rows are full. A decision reads a wall clock, which differs per
+the deadline or when rows are full. The cost-aware flex hold (`Gate(..., cost_aware=True)`)
+also releases at once when holding cannot win (`hold_wins`, docs/design.md "The admission
+hold"). A decision reads a wall clock (the deadline, the arrival rate), which differs per
 tensor-parallel rank, so the adapter shares rank 0's decision through `Agreement`.
 """
 
@@ -12,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from radixflow_sglang.core.cost import CostCoeffs
+
 
 @dataclass(frozen=True)
 class Demand:
-    """What the gate sees this iteration; every field is identical on all TP ranks."""
+    """What the gate sees this iteration; every field but `oldest_arrival` and `rate` is
+    identical on all TP ranks."""
 
     held: int  # requests waiting
     oldest_arrival: float  # arrival time of the oldest waiting request (rank-local clock)
@@ -23,26 +28,41 @@ class Demand:
     free_rows: int  # rows this round can still take
     token_budget: int  # tokens this round can still take
     residual_tokens: int  # sum of (input length - ready prefix) over waiting requests
+    rate: float = 0.0  # requests registered per second, recent window (rank-local clock)
+    mean_extend: float = 0.0  # mean input length of recent arrivals (tokens)
+    cost: CostCoeffs | None = None  # the round-cost fit (rank-identical)
 
 
 @dataclass(frozen=True)
 class Decision:
     hold: bool
-    reason: str  # why released (or "hold"): busy | rows | tokens | deadline | none
+    reason: str  # why released (or "hold"): busy | rows | tokens | cost | deadline | none
     count: int = -1  # how many held requests (queue order) it releases; -1 = all
 
 
+def hold_gain(held: int, rate: float, mean_extend: float, c: CostCoeffs) -> float:
+    """Net latency (s) per second of holding: the arrivals' saving less the held requests' wait.
+
+    Holding dt more delays each of the `held` requests by dt. An arrival within dt (expected
+    rate * dt) joins this round instead of waiting for it and running in a round of its own:
+    it saves that round's fixed cost alpha, while its work (beta * extend + gamma per row,
+    delta for its attention pairs) now delays each held request. Positive: holding wins."""
+    join = c.beta * mean_extend + c.gamma + c.delta * mean_extend * mean_extend / 2
+    return rate * (c.alpha - held * join) - held
+
+
 class Gate:
-    def __init__(self, mode: str, deadline_ms: float) -> None:
+    def __init__(self, mode: str, deadline_ms: float, *, cost_aware: bool = False) -> None:
         if mode not in ("flex", "timer"):
             raise ValueError(f"admission mode {mode!r}: choose flex or timer")
         self.mode = mode
         self.deadline_s = deadline_ms / 1000.0
+        self.cost_aware = cost_aware and mode == "flex"  # NOTE: timers stay the paper's
 
     def decide(self, d: Demand, now: float) -> Decision:
         if d.held == 0:
             return Decision(False, "none")
-        # NOTE: rank-identical rules first; only the deadline reads this rank's clock.
+        # NOTE: rank-identical rules first; only cost and deadline read this rank's clock.
         if d.free_rows > 0 and d.held >= d.free_rows:
             return Decision(False, "rows")
         if self.mode == "flex":
@@ -50,6 +70,9 @@ class Gate:
                 return Decision(False, "busy")
             if d.residual_tokens >= d.token_budget:
                 return Decision(False, "tokens")
+            if self.cost_aware and (d.cost is None
+                                    or hold_gain(d.held, d.rate, d.mean_extend, d.cost) <= 0):
+                return Decision(False, "cost")
         if now - d.oldest_arrival >= self.deadline_s:
             return Decision(False, "deadline")
         return Decision(True, "hold")
@@ -57,6 +80,39 @@ class Gate:
     def wake_in(self, d: Demand, now: float) -> float:
         """Seconds until the deadline: the loop may sleep this long, never past it."""
         return max(0.0, d.oldest_arrival + self.deadline_s - now)
+
+
+class ArrivalRate:
+    """Requests registered per second over the last `window_s` seconds (at least `min_s`, so
+    the first arrivals of a run do not read as an infinite rate). Deterministic for a given
+    sequence of (time, length) registrations."""
+
+    def __init__(self, window_s: float = 5.0, min_s: float = 0.5) -> None:
+        self.window_s, self.min_s = window_s, min_s
+        self._seen: list[tuple[float, int]] = []
+        self._first: float | None = None
+
+    def add(self, t: float, length: int) -> None:
+        if self._first is None:
+            self._first = t
+        self._seen.append((t, length))
+
+    def _prune(self, now: float) -> None:
+        cut = now - self.window_s
+        k = 0
+        while k < len(self._seen) and self._seen[k][0] <= cut:
+            k += 1
+        del self._seen[:k]
+
+    def rate(self, now: float) -> float:
+        self._prune(now)
+        if self._first is None:
+            return 0.0
+        span = min(self.window_s, max(self.min_s, now - self._first))
+        return len(self._seen) / span
+
+    def mean_length(self) -> float:
+        return sum(n for _, n in self._seen) / len(self._seen) if self._seen else 0.0
 
 
 Agreement = Callable[[Decision], Decision]  # shares one rank's decision with the others

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 POLICIES = (
     "stock", "radix", "timer5", "timer10", "flex", "traversal", "radixflow", "radixflow-frag",
-    "traversal-always", "radixflow-always",
+    "traversal-always", "radixflow-always", "flex-always",
 )
 
 
@@ -19,13 +19,16 @@ class PolicySpec:
     admission_ms: float  # hold at most this long
     frag: bool  # fragmentation guard
     cost_aware: bool = False  # a Blocked request waits only when waiting wins (core/cost.py)
+    hold_cost: bool = False  # flex holds only while holding wins (core/admission.py)
 
     def describe(self) -> str:
         parts = ["SGLang's unmodified scheduler" if self.native_class else "native selection"]
         if self.admission == "timer":
             parts.append(f"timer hold {self.admission_ms:g} ms (deadline or full rows)")
         elif self.admission == "flex":
-            parts.append(f"flexible admission (<= {self.admission_ms:g} ms, early release)")
+            rule = "cost-aware hold" if self.hold_cost else "always hold"
+            parts.append(f"flexible admission (<= {self.admission_ms:g} ms, early release, "
+                         f"{rule})")
         if self.traversal:
             rule = ("cost-aware wait: park only when waiting adds less latency than recomputing"
                     if self.cost_aware else "always wait: park every Blocked request")
@@ -51,11 +54,12 @@ def policy_spec(name: str, admission_ms: float | None = None) -> PolicySpec:
         "radix": (False, False, None, 0.0, False),
         "timer5": (False, False, "timer", 5.0, False),
         "timer10": (False, False, "timer", 10.0, False),
-        "flex": (False, False, "flex", flex_ms, False),
+        "flex": (False, False, "flex", flex_ms, False, False, True),
         "traversal": (False, True, None, 0.0, False, True),
-        "radixflow": (False, True, "flex", flex_ms, False, True),
-        "radixflow-frag": (False, True, "flex", flex_ms, True, True),
+        "radixflow": (False, True, "flex", flex_ms, False, True, True),
+        "radixflow-frag": (False, True, "flex", flex_ms, True, True, True),
         "traversal-always": (False, True, None, 0.0, False, False),
-        "radixflow-always": (False, True, "flex", flex_ms, False, False),
+        "radixflow-always": (False, True, "flex", flex_ms, False, False, False),
+        "flex-always": (False, False, "flex", flex_ms, False, False, False),
     }
     return PolicySpec(name, *table[name])

@@ -1,0 +1,159 @@
+"""The cost-aware flex hold (issue 11): hold only while the expected arrivals' saving exceeds
+the held requests' wait (core/admission.py `hold_gain`; docs/design.md "The admission hold")."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixflow_sglang.core.admission import ArrivalRate, Decision, Demand, Gate, hold_gain
+from radixflow_sglang.core.cost import CostCoeffs
+
+DOC = list(range(1000, 3000))
+SMALL = CostCoeffs(8e-3, 2.8e-6, 1e-4, 0.0)  # a 0.8B-class round: 8 ms fixed
+SLOW = CostCoeffs(0.2, 2.8e-6, 1e-4, 0.0)  # 200 ms fixed per round
+
+
+def demand(**kw) -> Demand:
+    base = dict(held=4, oldest_arrival=0.0, busy=False, free_rows=64, token_budget=8192,
+                residual_tokens=2000, rate=6.0, mean_extend=500.0, cost=SMALL)
+    return Demand(**{**base, **kw})
+
+
+def test_cheap_rounds_and_sparse_arrivals_release_at_once():
+    assert hold_gain(4, 6.0, 500.0, SMALL) < 0
+    assert Gate("flex", 5, cost_aware=True).decide(demand(), now=0.0) == Decision(False, "cost")
+
+
+def test_expensive_rounds_and_dense_arrivals_hold_until_the_deadline():
+    g = Gate("flex", 5, cost_aware=True)
+    d = demand(rate=40.0, cost=SLOW)
+    assert hold_gain(4, 40.0, 500.0, SLOW) > 0
+    assert g.decide(d, now=0.004) == Decision(True, "hold")
+    assert g.decide(d, now=0.005) == Decision(False, "deadline")  # D stays the bound
+
+
+def test_the_hold_ends_when_the_held_outweigh_the_arrivals():
+    g = Gate("flex", 5, cost_aware=True)
+    assert g.decide(demand(held=1, rate=40.0, cost=SLOW), now=0.0).hold
+    # more held requests: each arrival's work now delays more of them, and their own wait
+    # (held per second) grows past what the arrivals save
+    assert g.decide(demand(held=60, rate=40.0, cost=SLOW), now=0.0).reason == "cost"
+    # a long arrival's work delays the held by more than the round it saves
+    assert g.decide(demand(held=4, rate=40.0, cost=SLOW, mean_extend=50_000),
+                    now=0.0).reason == "cost"
+
+
+def test_paper_rules_come_first_and_always_hold_ignores_cost():
+    g = Gate("flex", 5, cost_aware=True)
+    assert g.decide(demand(busy=True), now=0.0).reason == "busy"
+    assert g.decide(demand(held=64), now=0.0).reason == "rows"
+    assert g.decide(demand(residual_tokens=8192), now=0.0).reason == "tokens"
+    assert g.decide(demand(cost=None), now=0.0).reason == "cost"  # no fit: never hold blind
+    assert Gate("flex", 5).decide(demand(), now=0.0).hold  # flex-always: the paper's hold
+    timer = Gate("timer", 5, cost_aware=True)  # timers stay the paper's controls
+    assert not timer.cost_aware and timer.decide(demand(busy=True), now=0.0).hold
+
+
+def test_arrival_rate_window_and_start():
+    a = ArrivalRate(window_s=5.0, min_s=0.5)
+    assert a.rate(0.0) == 0.0 and a.mean_length() == 0.0
+    for i in range(4):
+        a.add(0.0, 100 * (i + 1))
+    assert a.rate(0.0) == pytest.approx(8.0)  # 4 over the 0.5 s floor, not infinite
+    assert a.mean_length() == pytest.approx(250.0)
+    for i in range(1, 21):
+        a.add(i * 0.5, 100)
+    assert a.rate(10.0) == pytest.approx(10 / 5.0)  # only (5, 10] counts
+    assert a.rate(100.0) == 0.0 and a.mean_length() == 0.0
+
+
+# --- on SGLang's real scheduler (kit) ---------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def kit(policy: str, clock: Clock, sleep=None):
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    return Kit(KitConfig(), policy=policy, clock=clock,
+               **({} if sleep is None else {"sleep": sleep}))
+
+
+def test_kit_cheap_rounds_release_a_lone_arrival_at_once():
+    """Regression (issue 11): flex held a lone arrival for D ms whatever it cost; with a cheap
+    round (the kit's prior) and no other arrivals, waiting can only lose."""
+    clock, waits = Clock(), []
+    k = kit("flex", clock, waits.append)
+    k.submit(k.req("a", DOC + [1]))
+    rnd = k.step()
+    assert rnd is not None and rnd.rids == ["a"]
+    assert k.runtime.held_iterations == 0 and waits == []
+    assert k.runtime.stats.released_by_admission == "cost"
+
+
+def test_kit_expensive_rounds_hold_then_release_at_the_deadline():
+    clock, waits = Clock(), []
+    k = kit("flex", clock, waits.append)
+    k.runtime.use_prior(CostCoeffs(1.0, 0.0, 0.0, 0.0, "test"))
+    k.submit(k.req("a", DOC + [1]))
+    assert k.step() is None and waits == [pytest.approx(0.005)]
+    clock.t = 0.002
+    k.submit(k.req("b", list(range(9000, 9300))))  # joins the held round
+    assert k.step() is None
+    clock.t = 0.005
+    rnd = k.step()
+    assert sorted(rnd.rids) == ["a", "b"] and k.runtime.stats.released_by_admission == "deadline"
+
+
+def test_kit_a_costly_joiner_ends_the_hold():
+    """Each arrival's tokens delay every held request: with a per-token cost that outweighs
+    the fixed cost a joiner saves, the hold releases on cost, not at the deadline."""
+    clock = Clock()
+    k = kit("flex", clock)
+    k.runtime.use_prior(CostCoeffs(1.0, 1e-3, 0.0, 0.0, "test"))
+    k.submit(k.req("a", DOC + [1]))
+    rnd = k.step()
+    assert rnd.rids == ["a"] and k.runtime.stats.released_by_admission == "cost"
+
+
+def test_kit_cost_release_is_agreed_on_every_rank():
+    """The cost rule reads the rank-local arrival rate: the release goes through the agreement
+    (rank 0's outcome), and every rank calls it in the same iterations."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    calls: list[list[Decision]] = [[], []]
+    shared: list[Decision] = []
+
+    def rank0(d: Decision) -> Decision:
+        calls[0].append(d)
+        shared.append(d)
+        return d
+
+    def rank1(d: Decision) -> Decision:
+        calls[1].append(d)
+        return shared[-1]
+
+    clocks = [Clock(), Clock()]
+    kits = [Kit(KitConfig(), policy="flex", clock=c, agreement=a)
+            for c, a in zip(clocks, (rank0, rank1), strict=True)]
+    kits[0].runtime.use_prior(CostCoeffs(1.0, 0.0, 0.0, 0.0, "test"))  # rank 0 would hold
+    kits[1].runtime.use_prior(CostCoeffs(1.0, 0.0, 0.0, 0.0, "test"))
+    kits[1].runtime.admission.arrivals.min_s = 1e9  # rank 1 alone reads a near-zero rate
+    out = []
+    for it, t in enumerate((0.0, 0.006)):
+        for rank, k in enumerate(kits):
+            clocks[rank].t = t
+            if it == 0:
+                k.submit(k.req("a", DOC + [1]))
+            rnd = k.step()
+            out.append(rnd.rids if rnd else None)
+    assert out == [None, None, ["a"], ["a"]]  # rank 1 follows rank 0's hold
+    assert [d.reason for d in calls[0]] == ["hold", "deadline"]
+    assert [d.reason for d in calls[1]] == ["cost", "cost"]  # its own verdicts differ
+    assert len(calls[0]) == len(calls[1]) == 2
