@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
+from radixflow_sglang import models
+
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB = json.loads((ROOT / "launch/models/qwen3.5-0.8b/config.json").read_text())[
+VOCAB = json.loads((models.model_dir(models.DEFAULT) / "config.json").read_text())[
     "text_config"]["vocab_size"]
 
 
