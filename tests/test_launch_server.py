@@ -10,7 +10,7 @@ import pytest
 
 from radixflow_sglang import launch_server as ls
 from radixflow_sglang.config import SETTINGS
-from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang.core.policy import POLICIES, policy_spec
 
 
 def test_radixflow_flags_map_to_env_and_pass_sglang_args_through():
@@ -155,8 +155,10 @@ def test_the_plugin_says_when_radixflow_is_active_and_with_which_policy():
                        timeout=600)
     assert r.returncode == 0 and "start-up went on" in r.stdout, r.stderr[-2000:]
     lines = [x for x in r.stderr.splitlines() if "RadixFlow active" in x]
-    assert lines == ["[radixflow] RadixFlow active (plugin): policy traversal: native selection "
-                     "+ state-ready traversal + fork-point publication; request checks on"]
+    described = policy_spec("traversal").describe()
+    assert "state-ready traversal" in described
+    assert lines == [f"[radixflow] RadixFlow active (plugin): policy traversal: {described}; "
+                     "request checks on"]
 
 
 def test_launcher_cli_rejects_bad_policy_before_starting_anything():
