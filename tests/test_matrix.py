@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from eval import matrix
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, int]:
     out = tmp_path_factory.mktemp("matrix")
-    rc = matrix.main(["--out", str(out), "--models", "qwen3.5-4b", "--alphas-ms", "8,200",
-                      "--rates", "20", "--workloads", "synthetic", "--questions", "2",
-                      "--workers", "1", "--policies", "stock,traversal,radixflow"])
-    return out, json.loads((out / "matrix.json").read_text()), rc
+    # NOTE: its own process, as a user runs it (the CLI, its pool and its exit status).
+    argv = ["--out", str(out), "--models", "qwen3.5-4b", "--alphas-ms", "8,200", "--rates", "20",
+            "--workloads", "synthetic", "--questions", "2", "--workers", "1",
+            "--policies", "stock,traversal,radixflow"]
+    r = subprocess.run([sys.executable, "-m", "eval.matrix", *argv], cwd=ROOT, timeout=1800,
+                       capture_output=True, text=True)
+    assert (out / "matrix.json").exists(), r.stderr[-3000:]
+    return out, json.loads((out / "matrix.json").read_text()), r.returncode
 
 
 def test_files_and_cells(run: tuple[Path, dict, int]) -> None:
