@@ -68,15 +68,17 @@ from pathlib import Path
 import numpy as np
 
 from radixflow_sglang import models
-from radixflow_sglang.core.cost import prior_from_geometry
+
+# NOTE: the hardware assumptions of the docstring have one home, next to the prior they feed.
+from radixflow_sglang.core.cost import (  # noqa: E402, F401
+    ALPHA_S,
+    HBM_BYTES_PER_S,
+    MFU,
+    PEAK_FLOPS,
+    ROW_OVERHEAD_S,
+    prior_from_geometry,
+)
 from radixflow_sglang.geometry import load_geometry
-
-PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, see docstring)
-MFU = 0.5  # prefill model FLOP utilisation (assumption)
-HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e bandwidth
-ALPHA_S = 8e-3  # fixed per-forward overhead (assumption)
-ROW_OVERHEAD_S = 1e-4  # per-row bookkeeping (assumption)
-
 
 
 @dataclass(frozen=True)
