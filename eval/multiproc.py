@@ -12,8 +12,8 @@ with a `rid`) runs through the front door; then the run checks
   is read back from the server side (the replica's RadixFlow trace / `meta_info.dp_rank`);
 * counters per rank: each server's `/server_info` `internal_states[i]["radixflow"]`.
 
-    PYTHONPATH=$PWD .venv/bin/python eval/multiproc.py dp --out runs/multiproc-dp
-    PYTHONPATH=$PWD .venv/bin/python eval/multiproc.py router --out runs/multiproc-router
+    .venv/bin/python -m eval.multiproc dp --out runs/multiproc-dp
+    .venv/bin/python -m eval.multiproc router --out runs/multiproc-router
 
 DP ranks on CPU need SGLANG_CPU_OMP_THREADS_BIND (one entry per rank: SGLang's numa check);
 the launcher sets it from the cores it may use when unset. Exit status 1 when a check fails.
@@ -34,11 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from radixflow_sglang.testing.server import Server, free_port, request_json
 
-from radixflow_sglang.testing.server import Server, free_port, request_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 WORDS = ("fox dog river stone light cloud paper music garden window storm bridge market "
          "silver forest engine letter winter harbor candle").split()
