@@ -23,7 +23,8 @@ def policies(text: str) -> list[str]:
     return names
 
 
-def positive(kind: type, what: str | None = None) -> Callable[[str], Any]:
+def _checked(kind: type, what: str | None, ok: Callable[[Any], bool],
+             rule: str) -> Callable[[str], Any]:
     what = what or f"a {kind.__name__}"
 
     def parse(text: str) -> Any:
@@ -31,24 +32,17 @@ def positive(kind: type, what: str | None = None) -> Callable[[str], Any]:
             x = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if not x > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        if not ok(x):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
         return x
 
     return parse
+
+
+def positive(kind: type, what: str | None = None) -> Callable[[str], Any]:
+    return _checked(kind, what, lambda x: x > 0, "> 0")
 
 
 def non_negative(kind: type, what: str | None = None) -> Callable[[str], Any]:
     """A finite number >= 0 (argparse names the flag in the error)."""
-    what = what or f"a {kind.__name__}"
-
-    def parse(text: str) -> Any:
-        try:
-            x = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if not 0 <= x < float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-        return x
-
-    return parse
+    return _checked(kind, what, lambda x: 0 <= x < float("inf"), "a finite number >= 0")
