@@ -307,17 +307,29 @@ def _hf_rows(name: str, config: str, split: str) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Branch:
-    """One generation request: input ids, a request id and the prefix-cache namespace."""
+    """One generation request: input ids, a request id and the prefix-cache namespace.
+
+    The paper's branches generate one token. Other traffic (eval/traffic.py) sets
+    `max_new_tokens` (0: a prefix-warm request, as SGLang's `n > 1` path sends first) and may
+    script the generated ids in `output` (a multi-turn conversation's next prompt contains
+    them, so the cache can hit them); `boundary` declares where the shared prefix ends.
+    """
 
     rid: str
     input_ids: list[int]
     namespace: str
-    option: int  # index of the candidate answer (0..3 = A..D)
+    option: int  # index of the candidate answer (0..3 = A..D); the request's index otherwise
+    max_new_tokens: int = 1
+    output: tuple[int, ...] = ()  # scripted generated ids (len == max_new_tokens) or () = any
+    boundary: int | None = None  # declared end of the shared prefix (tokens), if any
 
 
 @dataclass(frozen=True)
 class Question:
-    """Four branches that arrive together at `arrival_s` (seconds from the segment start)."""
+    """Branches (four for the paper's workload) that arrive together at `arrival_s` (seconds
+    from the segment start). With `after` set they arrive `arrival_s` seconds after question
+    `after` (same segment, earlier in send order) has completed: a closed loop (the next turn of
+    a conversation, the siblings after a warm request)."""
 
     qid: str
     doc_id: str
@@ -327,6 +339,7 @@ class Question:
     answer: int | None = None
     arrival_s: float = 0.0
     ref: str = ""
+    after: str | None = None  # qid whose completion releases this question
 
     @property
     def namespace(self) -> str:
