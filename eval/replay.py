@@ -3,6 +3,19 @@
     python -m eval.replay --workload mix --model qwen3.5-4b --policies stock,radix,traversal \\
         --regime all --order both --rate 5 --questions 200 --seed 0 --out out/mix-4b
 
+The traffic workloads (eval/traffic.py) take their shape flags instead of the paper's
+--regime/--order/--questions (an error with them):
+
+    python -m eval.replay --workload gsp --model qwen3.5-4b --policies stock,radixflow
+    python -m eval.replay --workload nsample --nsample-mode warm --n 8 --prompt-len 1024 ...
+
+gsp: --groups --prompts-per-group --system-len --question-len --output-len (default 16 x 4,
+2,048, 64, 4; --rate default inf, the burst); gsp-paced: the same, siblings after their group's
+first request; nsample: --nsample-mode burst|warm --prompts --n --prompt-len --output-len
+(16 prompts, n 8, 1,024, 128; --rate 1); multiturn: --conversations --turns --prompt-len
+--user-len --output-len --think-s (8 x 4, 1,024, 128, 128, 1 s; --rate 1); noshare: --prompts
+--prompt-len --output-len (64, 2,112, 4; --rate 4). summary.json's config records the shape.
+
 Each policy is one arm: a fresh kit (SGLang's real scheduler on CPU) replays every segment in
 virtual time (eval/twin.py). An arm whose kit cannot be built, or whose replay breaks an
 invariant, is recorded as failed with its error and no numbers. Exit status: 0 when every arm
@@ -18,10 +31,14 @@ from pathlib import Path
 
 from eval import cli
 from eval.hostcost import HOST_CHOICES
+from eval.traffic import NSAMPLE_MODES, all_shape_fields, flag, shape_fields
+from eval.traffic import WORKLOADS as TRAFFIC_WORKLOADS
 from radixflow_sglang import models
 from radixflow_sglang.core.policy import POLICIES
 
-WORKLOAD_CHOICES = ("race", "quality", "mix", "synthetic")
+PAPER_WORKLOADS = ("race", "quality", "mix", "synthetic")
+WORKLOAD_CHOICES = PAPER_WORKLOADS + TRAFFIC_WORKLOADS
+PAPER_DEFAULTS = {"regime": "all", "order": "both", "questions": 200}
 MODEL_CHOICES = tuple(models.names())
 REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
 ORDER_CHOICES = ("forward", "reverse", "both")
@@ -58,12 +75,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", type=cli.policies, default=["stock", "radix", "traversal"],
                    help=f"comma-separated, from: {', '.join(POLICIES)} (default: "
                         "stock,radix,traversal)")
-    p.add_argument("--regime", choices=REGIME_CHOICES, default="all")
-    p.add_argument("--order", choices=ORDER_CHOICES, default="both")
-    p.add_argument("--rate", type=_positive_float, default=5.0,
-                   help="Poisson arrival rate, questions/s (default 5)")
-    p.add_argument("--questions", type=_positive_int, default=200,
-                   help="questions per segment (default 200)")
+    p.add_argument("--regime", choices=REGIME_CHOICES, default=None,
+                   help="paper workloads only (default all)")
+    p.add_argument("--order", choices=ORDER_CHOICES, default=None,
+                   help="paper workloads only (default both)")
+    p.add_argument("--rate", type=_positive_float, default=None,
+                   help="Poisson arrival rate per second (default 5 questions/s; the traffic "
+                        "workloads' own defaults, see above)")
+    p.add_argument("--questions", type=_positive_int, default=None,
+                   help="questions per segment, paper workloads only (default 200)")
+    shape = p.add_argument_group("traffic workload shape (eval/traffic.py; default: the "
+                                 "workload's own)")
+    for name in all_shape_fields():
+        if name == "nsample_mode":
+            shape.add_argument(flag(name), choices=NSAMPLE_MODES, default=None)
+        elif name == "think_s":
+            shape.add_argument(flag(name), type=cli.non_negative(float, "a number"),
+                               default=None, help="mean think gap between turns, seconds")
+        else:
+            kind = cli.non_negative(int, "an integer") if name == "output_len" else \
+                cli.positive(int, "an integer")
+            shape.add_argument(flag(name), type=kind, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default out/WORKLOAD-MODEL)")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, default="extra_buffer",
@@ -86,8 +118,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_workload_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """Paper flags with a traffic workload, or shape flags another workload does not take, are
+    errors that name the flag; returns the traffic shape given (field -> value)."""
+    given = {k: getattr(args, k) for k in all_shape_fields() if getattr(args, k) is not None}
+    if args.workload in TRAFFIC_WORKLOADS:
+        for k in PAPER_DEFAULTS:
+            if getattr(args, k) is not None:
+                p.error(f"--{k} applies to the paper workloads ({', '.join(PAPER_WORKLOADS)}) "
+                        f"only, not to --workload {args.workload}")
+        allowed = shape_fields(args.workload)
+        for k in given:
+            if k not in allowed:
+                p.error(f"{flag(k)} does not apply to --workload {args.workload} (its flags: "
+                        f"{', '.join(flag(a) for a in allowed)})")
+        return given
+    for k in given:
+        users = [w for w in TRAFFIC_WORKLOADS if k in shape_fields(w)]
+        p.error(f"{flag(k)} applies to --workload {', '.join(users)} only, not to "
+                f"{args.workload}")
+    for k, default in PAPER_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+    if args.rate is None:
+        args.rate = 5.0
+    return given
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    shape = check_workload_flags(parser, args)
     from eval import report
     from eval.costmodel import cost_with
     from eval.hostcost import host_model
@@ -101,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         "questions": args.questions, "seed": args.seed, "layout": args.layout,
         "overlap": args.overlap, "data_dir": args.data_dir,
     }
+    if args.workload in TRAFFIC_WORKLOADS:
+        from eval.traffic import describe
+
+        try:
+            config["shape"] = describe(args.workload, args.seed, args.rate, **shape)
+        except ValueError as e:
+            parser.error(str(e))
+        config["rate"] = config["shape"]["rate"]  # NOTE: "inf" for the burst (JSON has no inf)
     cost = cost_with(args.model, alpha_ms=args.alpha_ms, beta_us=args.beta_us,
                      gamma_ms=args.gamma_ms)
     host = host_model(args.host_cost)
@@ -108,9 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     config["host_cost"] = host.as_dict() if host is not None else None
     t0 = time.perf_counter()
     try:
-        segments = workload(args.workload, args.model, regime=args.regime, order=args.order,
-                            questions=args.questions, rate=args.rate, seed=args.seed,
-                            data_dir=args.data_dir)
+        if args.workload in TRAFFIC_WORKLOADS:
+            segments = workload(args.workload, args.model, rate=args.rate, seed=args.seed,
+                                **shape)
+        else:
+            segments = workload(args.workload, args.model, regime=args.regime,
+                                order=args.order, questions=args.questions, rate=args.rate,
+                                seed=args.seed, data_dir=args.data_dir)
     except (OSError, ValueError) as e:
         print(f"eval/replay.py: error: cannot build the workload: {e}", file=sys.stderr)
         return 2

@@ -564,12 +564,23 @@ class Segment:
         return len(self.questions)
 
 
-def _first(records: list[Record], n: int | None, what: str) -> list[Record]:
+def _first(records: list[Record], n: int | None, what: str, seed: int = 0) -> list[Record]:
+    """`n` questions: seed 0 the first n in file order (the old default, so earlier figures
+    reproduce); another seed a seeded sample of whole documents (documents shuffled, their
+    questions kept together in file order, the last document cut at n), so a QuALITY
+    document keeps its several questions and the regimes keep their sharing."""
     if n is None:
         return records
     if n > len(records):
         raise ValueError(f"asked for {n} {what} questions, only {len(records)} available")
-    return records[:n]
+    if seed == 0:
+        return records[:n]
+    docs: dict[str, list[Record]] = {}
+    for r in records:
+        docs.setdefault(r.doc_id, []).append(r)
+    order = list(docs)
+    random.Random(f"sample/{what}/{seed}").shuffle(order)
+    return [r for d in order for r in docs[d]][:n]
 
 
 def load_questions(
@@ -582,7 +593,8 @@ def load_questions(
     max_input_len: int | None = None,
     hf: bool = False,
 ) -> list[Question]:
-    """The first `n` questions of a data set in file order (mix: RACE/QuALITY alternating)."""
+    """`n` questions of a data set (mix: RACE/QuALITY alternating): seed 0 the first n in file
+    order, another seed a seeded sample of whole documents (`_first`)."""
     if name.startswith("synthetic"):
         profile = name.partition("-")[2] or "mix"
         return synthetic(
@@ -590,15 +602,16 @@ def load_questions(
         )
     tok = get_tokenizer(model)
     if name == "race":
-        recs = _first(load_race(data_dir, hf=hf), n, "RACE")
+        recs = _first(load_race(data_dir, hf=hf), n, "RACE", seed)
         return build_questions(recs, tok, max_input_len=max_input_len)
     if name == "quality":
-        recs = _first(load_quality(data_dir, hf=hf), n, "QuALITY")
+        recs = _first(load_quality(data_dir, hf=hf), n, "QuALITY", seed)
         return build_questions(recs, tok, max_input_len=max_input_len)
     if name == "mix":
         race, quality = load_race(data_dir, hf=hf), load_quality(data_dir, hf=hf)
         n = n if n is not None else 2 * min(len(race), len(quality))
-        race, quality = _first(race, n // 2, "RACE"), _first(quality, n - n // 2, "QuALITY")
+        race = _first(race, n // 2, "RACE", seed)
+        quality = _first(quality, n - n // 2, "QuALITY", seed)
         return interleave(
             build_questions(race, tok, max_input_len=max_input_len),
             build_questions(quality, tok, max_input_len=max_input_len),
@@ -621,17 +634,38 @@ def workload(
     regime: str = "all",
     order: str = "both",
     questions: int | None = None,
-    rate: float = 5.0,
+    rate: float | None = None,
     seed: int = 0,
     data_dir: str | Path | None = None,
     max_input_len: int | None = None,
     hf: bool = False,
+    **shape: Any,
 ) -> list[Segment]:
     """Segments to replay in sequence: every requested regime x order over the same questions.
 
     Every segment gets the same arrival gaps (same seed), so segments differ only in order and
     namespaces. `questions=None` takes every question (64 for synthetic workloads).
+
+    The traffic workloads (eval/traffic.py: gsp, gsp-paced, nsample, multiturn, noshare) go to
+    `traffic.segments` with `shape` (their shape fields) and `rate` (None: their own default;
+    5 questions/s for the paper workloads); regime, order and questions belong to the paper
+    workloads and are rejected there.
     """
+    from eval import traffic
+
+    if name in traffic.WORKLOADS:
+        paper = {"regime": (regime, "all"), "order": (order, "both"),
+                 "questions": (questions, None), "max_input_len": (max_input_len, None)}
+        for key, (value, default) in paper.items():
+            if value != default:
+                raise ValueError(f"{key} applies to the paper workloads ({', '.join(WORKLOADS)}) "
+                                 f"only, not to {name}")
+        return traffic.segments(name, model, seed=seed, rate=rate, **shape)
+    if shape:
+        raise ValueError(f"{', '.join(sorted(shape))}: shape settings of the traffic workloads "
+                         f"({', '.join(traffic.WORKLOADS)}), not of {name}")
+    if rate is None:
+        rate = 5.0
     base = load_questions(
         name, model, questions, seed=seed, data_dir=data_dir, max_input_len=max_input_len, hf=hf
     )
