@@ -13,6 +13,21 @@ grows when the server falls behind. Its four branches then go out together, each
 branches of different namespaces never share cache entries). `ForkSender` sends a question as
 an SGLang frontend program instead (shared prefix, `s.fork(4)`, `sgl.gen(max_tokens=1)`).
 
+Traffic beyond the paper's shape (eval/traffic.py) goes through the same replay:
+
+* each branch asks for its own `max_new_tokens` (0: a prefill-only request);
+* a question with `after` is offered `arrival_s` seconds after that question completed (its
+  last branch's response), a closed loop, whatever the server's pace;
+* a question that continues a one-branch question with a scripted output (its input starts
+  with that question's input + output: the next turn of a multi-turn conversation) is sent
+  with the ACTUAL input and output ids of that question instead (a live model's output is not
+  the script), followed by its own new ids (`continuation`);
+* `GenerateSender(n_param=True)` sends a question of identical branches as ONE request with
+  SGLang's sampling parameter `n` (the tokenizer manager then sends its own max_new_tokens=0
+  warm request, waits for it and fans out n copies); `fold_warm` removes the workload's
+  scripted warm question (nsample warm), since SGLang sends it itself. Without it (the
+  default) the branches go out as n separate requests, as RL rollout frameworks send them.
+
 Per question: offered time, send time, each branch's completion time and generated token(s).
 
     latency          = send -> completion of the 4th branch
@@ -40,6 +55,8 @@ trace into the twin's summary metrics (eval/twin.py METRIC_KEYS):
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import json
 import math
 import threading
@@ -100,11 +117,14 @@ class BranchRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     error: str | None = None
+    max_new_tokens: int = 1
+    after: str | None = None  # the question whose completion released this one
 
     @classmethod
     def open(cls, q: Question, b: Branch, slot: Slot) -> BranchRecord:
         return cls(slot.segment, slot.segment_name, slot.regime, q.qid, b.rid, b.option,
-                   b.namespace, len(b.input_ids), slot.offered_s, slot.q_send_s)
+                   b.namespace, len(b.input_ids), slot.offered_s, slot.q_send_s,
+                   max_new_tokens=b.max_new_tokens, after=q.after)
 
     def fill(self, out: Mapping[str, Any]) -> None:
         """Take what a /generate response (or a frontend meta_info) says."""
@@ -145,20 +165,26 @@ def _error_text(e: BaseException) -> str:
 
 
 class GenerateSender:
-    """Four concurrent `/generate` requests per question (input ids, rid, extra_key)."""
+    """One concurrent `/generate` request per branch (input ids, rid, extra_key, the branch's
+    max_new_tokens); with `n_param`, one request with SGLang's `n` for a question of identical
+    branches (module docstring)."""
 
     def __init__(self, base_url: str, *, pool: int = DEFAULT_POOL, namespace_prefix: str = "",
                  rid_prefix: str = "", extra_key: bool = True,
-                 timeout: float = REQUEST_TIMEOUT_S) -> None:
+                 timeout: float = REQUEST_TIMEOUT_S, n_param: bool = False,
+                 width: int = 16) -> None:
         self.url = base_url.rstrip("/") + "/generate"
         self.namespace_prefix = namespace_prefix
         self.rid_prefix = rid_prefix
         self.extra_key = extra_key
         self.timeout = timeout
-        self._branches = ThreadPoolExecutor(4 * pool, thread_name_prefix="branch")
+        self.n_param = n_param
+        # NOTE: threads start lazily; `width` branches per question go out at once (nsample n)
+        self._branches = ThreadPoolExecutor(width * pool, thread_name_prefix="branch")
 
     def body(self, b: Branch) -> dict[str, Any]:
-        body: dict[str, Any] = {"input_ids": list(b.input_ids), "sampling_params": dict(SAMPLING),
+        sampling = dict(SAMPLING, max_new_tokens=b.max_new_tokens)
+        body: dict[str, Any] = {"input_ids": list(b.input_ids), "sampling_params": sampling,
                                 "rid": self.rid_prefix + b.rid}
         ns = self.namespace_prefix + b.namespace
         if self.extra_key and ns:
@@ -178,12 +204,99 @@ class GenerateSender:
             rec.error = _error_text(e)
         return rec
 
+    def n_body(self, q: Question) -> dict[str, Any]:
+        """One request for every branch: SGLang's `n` (its tokenizer manager regenerates the
+        rids, so none is sent; meta_info.id names each sample)."""
+        body = self.body(q.branches[0])
+        del body["rid"]
+        body["sampling_params"]["n"] = len(q.branches)
+        return body
+
+    def _n_request(self, q: Question, slot: Slot) -> list[BranchRecord]:
+        recs = [BranchRecord.open(q, b, slot) for b in q.branches]
+        body = self.n_body(q)
+        t = time.monotonic()
+        for r in recs:
+            r.send_s = t
+        try:
+            out = post_json(self.url, body, self.timeout)
+            done = time.monotonic()
+            if not isinstance(out, list) or len(out) != len(recs):
+                raise RuntimeError(f"expected {len(recs)} outputs for n={len(recs)}, got "
+                                   f"{type(out).__name__} of {len(out) if out else 0}")
+            for r, o in zip(recs, out, strict=True):
+                r.fill(o)
+                r.done_s = done
+        except Exception as e:  # noqa: BLE001 - recorded, never filled in
+            now = time.monotonic()
+            for r in recs:
+                r.done_s, r.error = now, _error_text(e)
+        return recs
+
     def send(self, q: Question, slot: Slot) -> list[BranchRecord]:
+        if self.n_param and identical_branches(q):
+            return self._n_request(q, slot)
         futs = [self._branches.submit(self._one, q, b, slot) for b in q.branches]
         return [f.result() for f in futs]
 
     def close(self) -> None:
         self._branches.shutdown(wait=True)
+
+
+def identical_branches(q: Question) -> bool:
+    """Two or more branches with the same ids, namespace and max_new_tokens (n samples)."""
+    b0 = q.branches[0]
+    return len(q.branches) > 1 and all(
+        b.input_ids == b0.input_ids and b.namespace == b0.namespace
+        and b.max_new_tokens == b0.max_new_tokens for b in q.branches[1:])
+
+
+def fold_warm(segments: Sequence[Segment]) -> list[Segment]:
+    """For `GenerateSender(n_param=True)`: a warm question (every branch max_new_tokens=0)
+    whose dependents are all n-sample questions of its prompt is dropped, and they take its
+    arrival (its `arrival_s` and `after`): SGLang's tokenizer manager sends the warm request
+    itself, inside the one request with `n`. Other questions are kept as they are."""
+    out = []
+    for seg in segments:
+        deps: dict[str, list[Question]] = {}
+        for q in seg.questions:
+            if q.after is not None:
+                deps.setdefault(q.after, []).append(q)
+
+        warm = {q.qid: q for q in seg.questions if _folds(q, deps.get(q.qid, []))}
+        qs = [dataclasses.replace(q, arrival_s=warm[q.after].arrival_s + q.arrival_s,
+                                  after=warm[q.after].after)
+              if q.after in warm else q for q in seg.questions if q.qid not in warm]
+        out.append(dataclasses.replace(seg, questions=tuple(qs)))
+    return out
+
+
+def _folds(w: Question, kids: Sequence[Question]) -> bool:
+    return (bool(kids) and all(b.max_new_tokens == 0 for b in w.branches)
+            and all(identical_branches(k) and k.branches[0].input_ids == w.branches[0].input_ids
+                    for k in kids))
+
+
+def continuation(q: Question, parent: Question, sent_parent: Question,
+                 parent_recs: Sequence[BranchRecord]) -> Question:
+    """`q` as sent after `parent` completed: a branch whose ids start with the parent's ids +
+    its scripted output (a one-branch parent: the previous turn) starts instead with the ids
+    the parent was actually sent with + the ids it actually generated (module docstring)."""
+    if len(parent.branches) != 1 or not parent.branches[0].output:
+        return q
+    pb = parent.branches[0]
+    head = [*pb.input_ids, *pb.output]
+    rec = parent_recs[0]
+    branches = []
+    for b in q.branches:
+        if b.input_ids[:len(head)] == head:
+            if rec.output_ids is None:
+                raise RuntimeError(f"{q.qid} continues {parent.qid}, whose response carried no "
+                                   f"output_ids")
+            ids = [*sent_parent.branches[0].input_ids, *rec.output_ids, *b.input_ids[len(head):]]
+            b = dataclasses.replace(b, input_ids=ids)
+        branches.append(b)
+    return dataclasses.replace(q, branches=tuple(branches))
 
 
 def split_text(q: Question, decode: Callable[[Sequence[int]], str],
@@ -277,9 +390,11 @@ class ReplayResult:
     wall_s: float
 
 
-def _sleep_until(t: float) -> None:
-    while (left := t - time.monotonic()) > 0:
-        time.sleep(min(left, 0.05))
+def _failed_question(q: Question, slot: Slot, error: str) -> list[BranchRecord]:
+    recs = [BranchRecord.open(q, b, slot) for b in q.branches]
+    for r in recs:
+        r.done_s, r.error = time.monotonic(), error
+    return recs
 
 
 def _run_question(sender: Sender, q: Question, si: int, seg: Segment,
@@ -288,9 +403,90 @@ def _run_question(sender: Sender, q: Question, si: int, seg: Segment,
     try:
         return sender.send(q, slot)
     except Exception as e:  # noqa: BLE001 - a sender bug fails the question, visibly
-        recs = [BranchRecord.open(q, b, slot) for b in q.branches]
-        for r in recs:
-            r.done_s, r.error = time.monotonic(), _error_text(e)
+        return _failed_question(q, slot, _error_text(e))
+
+
+def check_after(seg: Segment) -> None:
+    """Every `after` names a question earlier in the segment's send order."""
+    seen: set[str] = set()
+    for q in seg.questions:
+        if q.after is not None and q.after not in seen:
+            raise ValueError(f"segment {seg.name}: question {q.qid} is after {q.after!r}, "
+                             f"which is not an earlier question of the segment")
+        seen.add(q.qid)
+
+
+class _SegmentRun:
+    """One segment's questions offered at their times: roots at start + arrival_s, a question
+    with `after` at its parent's completion + arrival_s (module docstring)."""
+
+    def __init__(self, ex: ThreadPoolExecutor, sender: Sender, si: int, seg: Segment,
+                 tick: Callable[[Future], None]) -> None:
+        check_after(seg)
+        self.ex, self.sender, self.si, self.seg, self.tick = ex, sender, si, seg, tick
+        self.qs = list(seg.questions)
+        self.index = {q.qid: i for i, q in enumerate(self.qs)}
+        self.kids: dict[str, list[int]] = {}
+        for i, q in enumerate(self.qs):
+            if q.after is not None:
+                self.kids.setdefault(q.after, []).append(i)
+        self.cond = threading.Condition()
+        self.ready: list[tuple[float, int]] = []  # (offered, send-order index): a stable heap
+        self.sent: dict[int, Question] = {}
+        self.results: dict[int, list[BranchRecord]] = {}
+
+    def run(self) -> list[BranchRecord]:
+        start = time.monotonic()
+        self.ready = [(start + q.arrival_s, i) for i, q in enumerate(self.qs) if q.after is None]
+        heapq.heapify(self.ready)
+        futs = []
+        for _ in self.qs:
+            offered, i = self._next()
+            fut = self.ex.submit(self._work, i, offered)
+            fut.add_done_callback(self.tick)
+            futs.append(fut)
+        for f in futs:
+            f.result()
+        return [r for i in range(len(self.qs)) for r in self.results[i]]
+
+    def _next(self) -> tuple[float, int]:
+        with self.cond:
+            while True:
+                if self.ready and self.ready[0][0] <= time.monotonic():
+                    return heapq.heappop(self.ready)
+                timeout = self.ready[0][0] - time.monotonic() if self.ready else None
+                self.cond.wait(timeout)
+
+    def _work(self, i: int, offered: float) -> list[BranchRecord]:
+        try:
+            recs = self._send(i, offered)
+        except Exception as e:  # noqa: BLE001 - never leave its dependents waiting
+            slot = Slot(self.si, self.seg.name, self.seg.regime, offered, time.monotonic())
+            recs = _failed_question(self.qs[i], slot, _error_text(e))
+        done = max(r.done_s for r in recs if r.done_s is not None)
+        with self.cond:
+            self.results[i] = recs
+            for k in self.kids.get(self.qs[i].qid, []):
+                heapq.heappush(self.ready, (done + self.qs[k].arrival_s, k))
+            self.cond.notify()
+        return recs
+
+    def _send(self, i: int, offered: float) -> list[BranchRecord]:
+        q = self.qs[i]
+        try:
+            if q.after is not None:
+                p = self.index[q.after]
+                prec = self.results[p]
+                bad = [r for r in prec if r.error]
+                if bad:
+                    raise RuntimeError(f"not sent: {q.after} failed ({bad[0].error})")
+                q = continuation(q, self.qs[p], self.sent[p], prec)
+        except Exception as e:  # noqa: BLE001 - the question fails, visibly, and is not sent
+            slot = Slot(self.si, self.seg.name, self.seg.regime, offered, time.monotonic())
+            recs = _failed_question(q, slot, _error_text(e))
+        else:
+            self.sent[i] = q
+            recs = _run_question(self.sender, q, self.si, self.seg, offered)
         return recs
 
 
@@ -314,15 +510,7 @@ def replay(segments: Sequence[Segment], sender: Sender, *, pool: int = DEFAULT_P
     try:
         with ThreadPoolExecutor(pool, thread_name_prefix="question") as ex:
             for si, seg in enumerate(segments):
-                start = time.monotonic()
-                futs = []
-                for q in sorted(seg.questions, key=lambda q: q.arrival_s):  # stable
-                    offered = start + q.arrival_s
-                    _sleep_until(offered)
-                    fut = ex.submit(_run_question, sender, q, si, seg, offered)
-                    fut.add_done_callback(tick)
-                    futs.append(fut)
-                seg_recs = [r for f in futs for r in f.result()]
+                seg_recs = _SegmentRun(ex, sender, si, seg, tick).run()
                 records += seg_recs
                 if raw is not None:
                     for r in seg_recs:
@@ -546,6 +734,7 @@ def _with_cap(m: dict[str, Any], l_cap: int | None) -> dict[str, Any]:
 
 __all__ = [
     "BranchRecord", "ForkSender", "GenerateSender", "QuestionTiming", "ReplayResult", "Slot",
-    "core_metrics", "failed", "load_trace", "post_json", "questions", "read_jsonl",
-    "replay", "rounds_in", "split_text", "summarize",
+    "check_after", "continuation", "core_metrics", "failed", "fold_warm", "identical_branches",
+    "load_trace", "post_json", "questions", "read_jsonl", "replay", "rounds_in", "split_text",
+    "summarize",
 ]
