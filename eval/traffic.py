@@ -139,8 +139,10 @@ def _check_name(name: str) -> str:
 
 
 def make_shape(name: str, **shape: Any) -> Any:
-    """The workload's shape with `shape` overriding its defaults; errors name the flag."""
+    """The workload's shape with `shape` overriding its defaults (None: the default); errors
+    name the flag."""
     cls = SHAPES[_check_name(name)]
+    shape = {k: v for k, v in shape.items() if v is not None}
     known = shape_fields(name)
     for key in shape:
         if key not in known:

@@ -159,6 +159,7 @@ def test_noshare_prompts_share_nothing():
 def test_workload_dispatches_traffic_names_and_rejects_paper_settings():
     assert ids_of(wl.workload("gsp", MODEL, seed=4, groups=2)[0]) == ids_of(
         seg_of("gsp", seed=4, groups=2))
+    assert seg_of("gsp", groups=None, output_len=None) == seg_of("gsp")  # None: the default
     with pytest.raises(ValueError, match="regime applies to the paper workloads"):
         wl.workload("gsp", MODEL, regime="cold")
     with pytest.raises(ValueError, match="questions applies to the paper workloads"):

@@ -310,3 +310,41 @@ def test_shared_mix_workload() -> None:
     assert len(qs) == 20
     assert sum(q.qid.startswith("quality") for q in qs) == 10
     assert max(i for q in qs for b in q.branches for i in b.input_ids) < 248_077
+
+
+# --- seeded question sets ---------------------------------------------------------------------
+
+
+def test_seed_zero_keeps_file_order_and_other_seeds_sample_whole_documents(
+    race_file: pathlib.Path,
+) -> None:
+    recs = wl.load_race(race_file)
+    by_doc = {d: [r.qid for r in recs if r.doc_id == d] for d in dict.fromkeys(r.doc_id
+                                                                             for r in recs)}
+    a1, a2 = by_doc.values()  # a1.txt: lines 1, 2, 5; a2.txt: lines 3, 4
+    assert [r.qid for r in wl._first(recs, 3, "RACE", 0)] == [r.qid for r in recs[:3]]
+    firsts = set()
+    for seed in range(1, 9):
+        got = [r.qid for r in wl._first(recs, 5, "RACE", seed)]
+        assert got in (a1 + a2, a2 + a1), seed  # documents whole, questions in file order
+        two = [r.qid for r in wl._first(recs, 2, "RACE", seed)]
+        assert two == got[:2]
+        firsts.add(got[0])
+        segs = wl.workload("race", "qwen3-8b", regime="cold", order="forward", questions=2,
+                           seed=seed, data_dir=race_file)
+        assert [q.qid for q in segs[0]] == two
+    assert firsts == {a1[0], a2[0]}  # the seed changes which document is drawn
+
+
+@needs_data
+def test_seeds_draw_different_quality_questions_grouped_by_document() -> None:
+    a = wl.load_questions("quality", "qwen3.5-0.8b", 20, seed=1)
+    b = wl.load_questions("quality", "qwen3.5-0.8b", 20, seed=2)
+    zero = wl.load_questions("quality", "qwen3.5-0.8b", 20, seed=0)
+    assert [q.qid for q in a] != [q.qid for q in b]
+    assert [q.qid for q in zero] == [r.qid for r in wl.load_quality()[:20]]
+    for qs in (a, b):
+        docs = [q.doc_id for q in qs]
+        runs = [d for i, d in enumerate(docs) if i == 0 or docs[i - 1] != d]
+        assert len(runs) == len(set(runs))  # each document's questions come together
+        assert len(set(docs)) < len(docs)  # a document keeps its several questions
