@@ -30,8 +30,8 @@ Traffic beyond the paper's shape (eval/traffic.py) goes through the same replay:
 
 Per question: offered time, send time, each branch's completion time and generated token(s).
 
-    latency          = send -> completion of the 4th branch
-    offered latency  = offered -> completion of the 4th branch
+    latency          = send -> completion of its last branch
+    offered latency  = offered -> completion of its last branch
     sender lag       = send - offered
 
 Segments are replayed in sequence (as the twin does): the next segment starts, with its own
