@@ -665,6 +665,12 @@ def core_metrics(rows: Sequence[Mapping[str, Any]],
     m: dict[str, Any] = {
         "questions": len(qs), "requests": len(rows), "input_tokens": inp, "hit_tokens": hit,
         "reuse": hit / inp if inp else 0.0, "scheduled_tokens_meta": inp - hit,
+        # NOTE: issue 15's count: requests that reused nothing, all and those released `after`
+        # another question (gsp-paced's siblings, later turns, n samples after a warm request)
+        "zero_hit_requests": sum(1 for r in rows if not r.get("cached_tokens")),
+        "zero_hit_after_requests": sum(1 for r in rows if r.get("after")
+                                       and not r.get("cached_tokens")),
+        "output_tokens": sum(len(r.get("output_ids") or ()) for r in rows),
         **_latency_stats("latency", lat), **_latency_stats("offered_latency", off),
         "sender_lag_mean_s": float(lag.mean()) if lag.size else None,
         "sender_lag_max_s": float(lag.max()) if lag.size else None,

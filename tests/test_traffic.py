@@ -291,6 +291,17 @@ def test_replay_fails_the_dependents_of_a_failed_question_without_sending_them()
     assert {rid.split("/")[-2] for rid in sender.sent} == {"g0.p0", "g1.p0", "g1.p1", "g1.p2"}
 
 
+def test_summary_counts_zero_hit_requests_and_output_tokens():
+    seg = seg_of("gsp-paced", groups=2, prompts_per_group=3, system_len=16, question_len=4)
+    res = client.replay([seg], EchoSender(), pool=2, progress=False)
+    rows = [asdict(r) for r in res.records]
+    for r in rows:  # siblings of g0 reuse its system prompt, g1's reuse nothing
+        r["cached_tokens"] = 16 if r["after"] == "g0.p0" else 0
+    m = client.summarize(rows, None)
+    assert m["zero_hit_requests"] == 4 and m["zero_hit_after_requests"] == 2
+    assert m["output_tokens"] == 6 * 4 and m["hit_tokens"] == 32
+
+
 def test_check_after_rejects_a_forward_reference():
     seg = seg_of("gsp-paced", groups=1, prompts_per_group=2, system_len=8, question_len=2)
     backwards = wl.Segment(seg.regime, seg.order, tuple(reversed(seg.questions)))
