@@ -25,8 +25,10 @@ Traffic beyond the paper's shape (eval/traffic.py) goes through the same replay:
 * `GenerateSender(n_param=True)` sends a question of identical branches as ONE request with
   SGLang's sampling parameter `n` (the tokenizer manager then sends its own max_new_tokens=0
   warm request, waits for it and fans out n copies); `fold_warm` removes the workload's
-  scripted warm question (nsample warm), since SGLang sends it itself. Without it (the
-  default) the branches go out as n separate requests, as RL rollout frameworks send them.
+  scripted warm question (nsample warm), since SGLang sends it itself; the folded question's
+  latency then covers the warm request too (the twin counts the warm question and the samples
+  as two questions). Without it (the default) the branches go out as n separate requests, as
+  RL rollout frameworks send them.
 
 Per question: offered time, send time, each branch's completion time and generated token(s).
 
