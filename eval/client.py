@@ -238,6 +238,8 @@ class GenerateSender:
     def send(self, q: Question, slot: Slot) -> list[BranchRecord]:
         if self.n_param and identical_branches(q):
             return self._n_request(q, slot)
+        if len(q.branches) == 1:  # NOTE: no thread hop: a burst of one-branch questions goes out
+            return [self._one(q, q.branches[0], slot)]  # as fast as the question pool starts
         futs = [self._branches.submit(self._one, q, b, slot) for b in q.branches]
         return [f.result() for f in futs]
 
@@ -492,6 +494,14 @@ class _SegmentRun:
         return recs
 
 
+def _prestart(ex: ThreadPoolExecutor, n: int) -> None:
+    """Start the pool's n threads before the first arrival (they start lazily otherwise, one
+    per submit, which spreads a burst over the thread start-ups on a busy machine)."""
+    barrier = threading.Barrier(n)
+    for f in [ex.submit(barrier.wait) for _ in range(n)]:
+        f.result()
+
+
 def replay(segments: Sequence[Segment], sender: Sender, *, pool: int = DEFAULT_POOL,
            raw_path: str | Path | None = None, progress: bool = True,
            desc: str = "replay") -> ReplayResult:
@@ -511,6 +521,7 @@ def replay(segments: Sequence[Segment], sender: Sender, *, pool: int = DEFAULT_P
     raw = open(raw_path, "w", encoding="utf-8") if raw_path else None  # noqa: SIM115
     try:
         with ThreadPoolExecutor(pool, thread_name_prefix="question") as ex:
+            _prestart(ex, pool)
             for si, seg in enumerate(segments):
                 seg_recs = _SegmentRun(ex, sender, si, seg, tick).run()
                 records += seg_recs
