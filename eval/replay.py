@@ -15,6 +15,8 @@ first request; nsample: --nsample-mode burst|warm --prompts --n --prompt-len --o
 (16 prompts, n 8, 1,024, 128; --rate 1); multiturn: --conversations --turns --prompt-len
 --user-len --output-len --think-s (8 x 4, 1,024, 128, 128, 1 s; --rate 1); noshare: --prompts
 --prompt-len --output-len (64, 2,112, 4; --rate 4). summary.json's config records the shape.
+--seed draws the prompts and gaps; for race/quality/mix, seed 0 takes the first --questions in
+file order (the old default) and any other seed a seeded sample of whole documents.
 
 Each policy is one arm: a fresh kit (SGLang's real scheduler on CPU) replays every segment in
 virtual time (eval/twin.py). An arm whose kit cannot be built, or whose replay breaks an
