@@ -354,3 +354,97 @@ def test_boundary_field_problems_name_the_field():
     for bad in (-1, 11):
         assert boundary_problem(obj(bad), ids) == f"{FIELD_PATH}: {bad} is outside [0, 10] " \
                                                   "(the input's token count)"
+
+
+# --- a real server: the field from /generate and the OpenAI endpoints -----------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import os
+    import sys
+
+    from radixflow_sglang.testing.server import Server, free_port
+
+    root = Path(__file__).resolve().parent.parent
+    tmp = tmp_path_factory.mktemp("boundary-server")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
+    env.update(PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
+    cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
+           "--port", str(port), "--radixflow-policy", "radixflow", "--radixflow-boundaries",
+           "declared", "--radixflow-executor", "simulated"]
+    with Server(cmd, env, tmp / "server.log", port, cwd=root) as srv:
+        srv.wait_ready(400)
+        yield srv
+
+
+def _post(url: str, body: dict):
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _moved(server) -> int:
+    from radixflow_sglang.testing.server import http_json
+
+    info = http_json(server.base + "/server_info", timeout=120)
+    states = info.get("internal_states") or [info]
+    return sum(s["radixflow"]["boundaries"]["moved_declared"] for s in states)
+
+
+@pytest.mark.slow
+def test_server_field_400_on_a_bad_value_and_a_hit_on_a_good_one(server):
+    from radixflow_sglang.adapter.boundary import FIELD_PATH
+    from radixflow_sglang.models import DEFAULT
+
+    G = grid_of(DEFAULT)
+    system = list(range(2000, 2000 + 3 * G + 10))
+
+    def gen(ids, boundary):
+        sp = {"max_new_tokens": 1, "ignore_eos": True,
+              "custom_params": {"radixflow_boundary": boundary}}
+        return _post(server.base + "/generate", {"input_ids": ids, "sampling_params": sp})
+
+    for bad in ("x", -1, 10_000, True):
+        status, body = gen(system + [5] * 3, bad)
+        assert status == 400 and FIELD_PATH in str(body), (bad, status, body)
+    status, body = _post(server.base + "/v1/completions",
+                         {"model": "default", "prompt": system, "max_tokens": 1,
+                          "custom_params": {"radixflow_boundary": "end"}})
+    assert status == 400 and FIELD_PATH in str(body), body
+    before = _moved(server)
+    status, first = gen(system + list(range(90_000, 90_000 + G + 3)), len(system))
+    assert status == 200, first
+    assert _moved(server) == before + 1
+    status, second = gen(system + list(range(95_000, 95_000 + G + 3)), len(system))
+    assert status == 200, second
+    # NOTE: stock gives the second sibling 0 cached tokens on this shape (kit test above)
+    assert second["meta_info"]["cached_tokens"] >= len(system) // G * G
+    status, body = _post(server.base + "/v1/completions",
+                         {"model": "default", "prompt": system + [11] * (G + 3),
+                          "max_tokens": 1, "custom_params": {"radixflow_boundary": len(system)}})
+    assert status == 200, body
+    server.check_alive("after the boundary requests")
+    server.idle_leak_check()
+
+
+@pytest.mark.slow
+def test_server_chat_declares_the_system_message_end(server):
+    before = _moved(server)
+    sysmsg = {"role": "system", "content": "You answer briefly and exactly. " * 30}
+    for q in ("What is 2 + 2?", "Name a prime number."):
+        status, body = _post(server.base + "/v1/chat/completions",
+                             {"model": "default", "max_tokens": 1,
+                              "messages": [sysmsg, {"role": "user", "content": q}]})
+        assert status == 200, body
+    assert _moved(server) == before + 1  # the first publishes at the system message's end
+    server.idle_leak_check()
