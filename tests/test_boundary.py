@@ -356,6 +356,20 @@ def test_boundary_field_problems_name_the_field():
                                                   "(the input's token count)"
 
 
+def test_the_setting_names_the_flag_and_the_choices():
+    from radixflow_sglang.config import FLAG_NAMES, VAR_NAMES, ConfigError, RadixFlowConfig, build
+
+    assert RadixFlowConfig().boundaries == "declared"
+    with pytest.raises(ConfigError, match="RadixFlowConfig.boundaries: invalid choice 'x' "
+                                          r"\(choose from off, declared, learned, both\)"):
+        RadixFlowConfig(boundaries="x")
+    with pytest.raises(ConfigError, match="^--radixflow-boundaries: invalid choice 'sometimes'"):
+        build({"boundaries": "sometimes"}, FLAG_NAMES)
+    with pytest.raises(ConfigError, match="^RADIXFLOW_BOUNDARIES: invalid choice"):
+        build({"boundaries": "all"}, VAR_NAMES)
+    assert build({"boundaries": "both"}, FLAG_NAMES).boundaries == "both"
+
+
 # --- a real server: the field from /generate and the OpenAI endpoints -----------------------------
 
 
@@ -448,3 +462,59 @@ def test_server_chat_declares_the_system_message_end(server):
         assert status == 200, body
     assert _moved(server) == before + 1  # the first publishes at the system message's end
     server.idle_leak_check()
+
+
+# --- figures at the issue's shape (not a test: `PYTHONPATH=. python tests/test_boundary.py`) -----
+
+
+def docs_with_turns(kit, groups: int, seed: int = 4, declare: bool = False):
+    """Rare forks, frequent continuations: each group is a 1,024-token prompt + a 2,000-token
+    document, its next turn, and (one group in three) a sibling sharing only the prompt."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(100, 200_000) for _ in range(1024)]
+        first = prompt + [rng.randrange(100, 200_000) for _ in range(2000)]
+        b = 1024 if declare else None
+        out.append((g, 0, *run_one(kit, f"d{g}", first, boundary=b)))
+        turn = first + [7] + [rng.randrange(100, 200_000) for _ in range(100)]
+        out.append((g, 1, *run_one(kit, f"d{g}t", turn, boundary=b)))
+        if g % 3 == 2:
+            sib = prompt + [rng.randrange(100, 200_000) for _ in range(2000)]
+            out.append((g, 2, *run_one(kit, f"d{g}s", sib, boundary=b)))
+    return out
+
+
+def figures() -> None:
+    """Counts of followers with 0 cached tokens, scheduled tokens and rounds vs stock."""
+    shape = dict(groups=16, per_group=4, system=2048, question=64)
+    arms = [("stock", "stock", "off", {}, False),
+            ("declared", "radixflow", "declared", {}, True),
+            ("learned (optimal)", "radixflow", "learned", {"rule": "optimal"}, False),
+            ("learned (mode)", "radixflow", "learned", {"rule": "mode"}, False)]
+    for layout in LAYOUTS:
+        base = None
+        for name, policy, mode, pub, declare in arms:
+            kit = make(policy, mode, layout, **pub)
+            res = gsp_paced(kit, **shape, declare=declare)
+            tokens = sum(r[3] for r in res)
+            base = base or (tokens, len(kit.rounds))
+            print(f"gsp-paced 16x4 2048+64 {layout:12s} {name:18s} followers with 0 cached: "
+                  f"{followers_without_hit(res)}/48  scheduled tokens {tokens} "
+                  f"({tokens / base[0]:.3f}x)  rounds {len(kit.rounds)} "
+                  f"({len(kit.rounds) / base[1]:.3f}x)", flush=True)
+        for keep in (None, False):
+            base = None
+            for name, policy, mode, pub, _ in arms[:1] + arms[2:]:
+                kit = make(policy, mode, layout, **pub,
+                           **({} if policy == "stock" else {"keep_end": keep}))
+                res = docs_with_turns(kit, 24)
+                tokens = sum(r[3] for r in res)
+                base = base or (tokens, len(kit.rounds))
+                print(f"docs+turns 24 groups {layout:12s} keep_end={keep!s:5s} {name:18s} "
+                      f"scheduled tokens {tokens} ({tokens / base[0]:.3f}x)  rounds "
+                      f"{len(kit.rounds)} ({len(kit.rounds) / base[1]:.3f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    figures()
