@@ -255,9 +255,8 @@ def test_learned_boundary_after_the_first_group(layout, missed):
     # NOTE: only the first group pays (its second sibling; no_buffer: also its third, whose
     # own match is the second fork seen); from the second group on every sibling hits.
     assert followers_without_hit(res) == missed
-    floor = system // G * G if layout == "extra_buffer" else system
-    assert [c for g, i, c, _ in res if g > 0 and i > 0] == [floor // G * G] * 9 \
-        if layout == "extra_buffer" else all(c > 0 for g, i, c, _ in res if g > 0 and i > 0)
+    # NOTE: learned depths are grid floors of observed fork depths, in either layout
+    assert [c for g, i, c, _ in res if g > 0 and i > 0] == [3 * G] * 9
     assert kit.runtime.boundary.moved["learned"] >= 3
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
