@@ -261,6 +261,17 @@ def test_learned_boundary_after_the_first_group(layout, missed):
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
 
+def test_both_uses_a_declaration_when_there_is_one_else_what_it_learned():
+    G = grid_of()
+    system = 3 * G + 10
+    kit = make("radixflow", "both")
+    declared = gsp_paced(kit, 2, 4, system, G + 3, declare=True, seed=1)
+    assert followers_without_hit(declared) == 0
+    learned = gsp_paced(kit, 2, 4, system, G + 3, declare=False, seed=2)
+    assert followers_without_hit(learned) == 0  # NOTE: the declared groups taught it 3 G
+    assert kit.runtime.boundary.moved == {"declared": 2, "learned": 2}
+
+
 def test_learned_leaves_continuations_and_repeats_alone():
     """Multi-turn continuations and exact repeats hit the states earlier requests published
     at their ends: nothing forks, nothing moves, every hit equals stock's."""
