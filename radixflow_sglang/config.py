@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from radixflow_sglang.core.boundary import MODES as BOUNDARY_MODES
 from radixflow_sglang.core.policy import ADMISSION_MS_RANGE, POLICIES, PolicySpec, policy_spec
 
 FLAG_PREFIX = "--radixflow-"
@@ -121,6 +122,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("frag_cap", int, 2, "rounds radixflow-frag may defer one request", low=0, high=1000),
     Setting("trace", str, None, "per-round and per-request JSONL trace path (not with stock)",
             path=True),
+    Setting("boundaries", str, "declared", "publication boundaries: publish a request's state "
+            "where its shared prefix ends: declared (request field, system message, fork "
+            "prefix), learned (from the cache's reuse depths), both, or off",
+            choices=BOUNDARY_MODES),
 )
 LAUNCHER_SETTINGS: tuple[Setting, ...] = (
     Setting("executor", str, None, "model (GPU) or simulated (CPU cost model); default: model "
@@ -142,6 +147,7 @@ class RadixFlowConfig:
     park_margin: int = 1  # rounds beyond the publish lag a request may stay parked
     frag_cap: int = 2  # rounds a request may be deferred by the fragmentation guard
     trace: str | None = None  # JSONL path for per-round and per-request events
+    boundaries: str = "declared"  # publication boundaries (core/boundary.py MODES)
 
     def __post_init__(self) -> None:
         for f in fields(self):

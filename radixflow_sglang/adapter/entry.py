@@ -51,9 +51,15 @@ def run_scheduler_process(*args, **kwargs):
 def activate(cfg: RadixFlowConfig, origin: str) -> None:
     """Every policy, in each process that loads RadixFlow (launcher: the launching one; plugin:
     all): the request checks (validate.py), the scheduler class, one log line."""
+    from radixflow_sglang.core.boundary import wants
+
     from .validate import install as install_checks
 
     install_checks()
+    if cfg.policy != "stock" and wants(cfg.boundaries, "declared"):
+        from .boundary import install_chat
+
+        install_chat()  # NOTE: chat requests declare their system message's end
     install(cfg.policy)
     announce(f"RadixFlow active ({origin}): policy {cfg.policy}: {cfg.spec.describe()}; "
              "request checks on")

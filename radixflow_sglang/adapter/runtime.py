@@ -25,6 +25,7 @@ from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfi
 
 from . import check_sglang_version
 from .admission import AdmissionHold, Sleep
+from .boundary import BoundaryPublisher
 
 check_sglang_version()
 
@@ -75,6 +76,9 @@ class RadixFlowRuntime:
         self.share_forward = lambda seconds: seconds  # NOTE: a server broadcasts rank 0's
         self._scan: _ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
+        # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
+        self.boundary = BoundaryPublisher(cfg.boundaries if reuse else "off", grid,
+                                          cost=lambda: self.cost.coeffs)
         self.totals = Totals()
         self.requests: dict[str, RequestStats] = {}
         self.round = 0
@@ -115,6 +119,8 @@ class RadixFlowRuntime:
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
         self.round += 1
         self._scan_reqs = {}
+        self._fork_chunk = None
+        self.boundary.begin_scan()
         if self._records() > 2 * len(sched.waiting_queue) + 1024:
             self._prune(sched)
         if self.traversal is None:
@@ -177,6 +183,7 @@ class RadixFlowRuntime:
         rs = self.requests.get(req.rid)
         if rs is not None and rs.first_selected is None:
             rs.first_selected, rs.first_selected_round = self.clock(), self.round
+        self._publish_boundary(sched, req, adder)
         if self.traversal is not None:
             self._scan_reqs[req.rid] = req
             self.traversal.admitted(self._producer(req, movable=True))
@@ -248,6 +255,7 @@ class RadixFlowRuntime:
             "hit_tokens": t.hit_tokens, "held_iterations": self.held_iterations,
             "overtakes": self.overtakes,
             "wait_set": len(self.traversal.waits) if self.traversal is not None else 0,
+            "boundaries": self.boundary.summary(),
         }
 
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
@@ -281,6 +289,21 @@ class RadixFlowRuntime:
         return True
 
     # --- helpers ---------------------------------------------------------------------------
+    def _publish_boundary(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> None:
+        """Publish a selected request's state at its declared or learned boundary
+        (adapter/boundary.py), before it is indexed as a producer (its publish depth)."""
+        if not self.boundary.active:
+            return
+        # NOTE: a cut becomes SGLang's one chunked request: the slot must be free and chunked
+        # prefill on (as _no_buffer_fork_possible), in either layout.
+        cut_ok = (self._fork_chunk is None and sched.chunked_req is None
+                  and adder.rem_chunk_tokens is not None)
+        self.boundary.admitted(req, req_tokens(req), namespace(req), adder, cut_ok)
+        if self.boundary.cut is req:
+            self._fork_chunk = req  # NOTE: it holds SGLang's one chunk slot (see defer)
+            if self.traversal is not None:
+                self.traversal.fork_slots = 0
+
     def forget(self, rid: str) -> None:
         """The request left the scheduler without being selected (aborted): drop its records."""
         self.requests.pop(rid, None)

@@ -10,7 +10,9 @@ map it the same way). Before upstream's own checks we reject
   as a 0-token row and its scheduler dies at mem_cache/common.py `release_kv_cache`'s
   assertion, taking every client down (upstream's own `input_ids cannot be empty` check in
   io_struct.py `_determine_batch_size` sees neither text "" nor an empty item of a batch);
-- a token id outside [0, vocab): a real model indexes its embedding with it.
+- a token id outside [0, vocab): a real model indexes its embedding with it;
+- a bad publication boundary `sampling_params.custom_params.radixflow_boundary` (not an
+  integer in [0, input length]; adapter/boundary.py).
 
 A session request (session_params with an id) may be empty here: the scheduler rebuilds its
 prompt from the session and rejects it itself if still empty (io_struct.py, same function).
@@ -29,6 +31,8 @@ from . import check_sglang_version
 check_sglang_version()
 
 from sglang.srt.managers.tokenizer_manager import TokenizerManager  # noqa: E402
+
+from .boundary import boundary_problem  # noqa: E402
 
 _UPSTREAM_VALIDATE = TokenizerManager._validate_one_request
 
@@ -71,6 +75,9 @@ def check_token_input(obj: Any, input_ids: list[int] | None, vocab_size: int) ->
 
 def _validate_one_request(self: TokenizerManager, obj: Any, input_ids: list[int]) -> None:
     check_token_input(obj, input_ids, self.model_config.vocab_size)
+    problem = boundary_problem(obj, input_ids)  # NOTE: the boundary field (adapter/boundary.py)
+    if problem is not None:
+        raise ValueError(problem)
     _UPSTREAM_VALIDATE(self, obj, input_ids)
 
 

@@ -265,7 +265,8 @@ class Kit:
         return getattr(self.sched, "radixflow", None)
 
     # --- requests ----------------------------------------------------------------------------
-    def req(self, rid: str, ids, namespace: str | None = None, max_new_tokens: int = 1) -> Req:
+    def req(self, rid: str, ids, namespace: str | None = None, max_new_tokens: int = 1,
+            boundary: int | None = None) -> Req:
         """A Req, after the intake checks SGLang's front end makes before a request can reach
         the scheduler (tokenizer manager: empty input, input longer than the context)."""
         if len(ids) == 0:
@@ -275,7 +276,9 @@ class Kit:
         if len(ids) > limit:
             raise ValueError(f"request {rid!r}: {len(ids)} input tokens exceed the limit {limit} "
                              f"(context {CONTEXT_LEN}, KV pool {self.cfg.kv_tokens} tokens)")
-        sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        # NOTE: a declared boundary travels as the HTTP field does (adapter/boundary.py FIELD)
+        custom = None if boundary is None else {"radixflow_boundary": boundary}
+        sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True, custom_params=custom)
         sp.normalize(None)
         return Req(rid, "", array("q", ids), sp, vocab_size=self.sched.model_config.vocab_size,
                    extra_key=namespace)

@@ -1,0 +1,290 @@
+"""Publication boundaries on SGLang 0.5.23 (issue 15; the decisions are core/boundary.py's).
+
+Where a request's boundary comes from (`declared`):
+- the request field `sampling_params.custom_params.radixflow_boundary` (an integer token
+  count: where the prompt's shared prefix ends). SGLang passes `custom_params` untouched to the
+  scheduler's Req (`/generate` `sampling_params`, the OpenAI endpoints' `custom_params` extra
+  body: protocol.py `ChatCompletionRequest.custom_params` / `CompletionRequest.custom_params`);
+  checked in the tokenizer manager (`boundary_problem`, adapter/validate.py): a bad value is a
+  400 naming the field;
+- the end of the system message when the server applies the chat template (`install_chat`:
+  wraps serving_chat.py `OpenAIServingChat._convert_to_internal_request`);
+- an SGLang frontend program's fork prefix, and n > 1 sampling's prefix warm-up: both reach the
+  scheduler as a `max_new_tokens=0` request (lang/backend/runtime_endpoint.py `cache_prefix`,
+  tokenizer_manager.py parallel sampling), whose whole input is the boundary.
+
+How the state is published there (`BoundaryPublisher.admitted`, called from the scan right after
+`add_one_req` selected the request, before `prepare_for_extend`):
+- extra_buffer: `req.mamba_branching_seqlen` = the boundary's grid floor, SGLang's own
+  branching checkpoint (schedule_batch.py `_mamba_radix_cache_v2_req_prepare_for_extend`
+  tracks it instead of the extend's last grid depth: one tracked state per extend);
+- no_buffer: the extend ends at the boundary as SGLang's one chunked request (the chunk stash
+  publishes its state there; the rest runs next round and publishes its end as usual);
+- full attention: nothing to do (every page is published).
+The state is SGLang's own tracked state and SGLang's match decides every later reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from radixflow_sglang.core.boundary import BoundaryLearner, publish_at, wants
+from radixflow_sglang.core.cost import CostCoeffs
+from radixflow_sglang.core.grid import Grid, Layout
+
+from . import check_sglang_version
+
+check_sglang_version()
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+FIELD = "radixflow_boundary"
+FIELD_PATH = f"sampling_params.custom_params.{FIELD}"
+
+
+def declared_boundary(req: Req) -> int | None:
+    """The request's declared boundary (tokens from the start), or None."""
+    sp = req.sampling_params
+    params = getattr(sp, "custom_params", None)
+    if isinstance(params, dict):
+        b = params.get(FIELD)
+        if isinstance(b, int) and not isinstance(b, bool) and b > 0:
+            return b
+    if getattr(sp, "max_new_tokens", None) == 0:
+        return len(req.origin_input_ids)  # NOTE: a frontend fork's prefix / n>1 warm-up
+    return None
+
+
+def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
+    """Why this (sub-)request's boundary field is invalid, or None (no field, or a good one)."""
+    sp = getattr(obj, "sampling_params", None)
+    params = sp.get("custom_params") if isinstance(sp, dict) else None
+    if not isinstance(params, dict) or FIELD not in params:
+        return None
+    b = params[FIELD]
+    n = len(input_ids) if input_ids is not None else None
+    allowed = f"[0, {n}] (the input's token count)" if n is not None else ">= 0"
+    if not isinstance(b, int) or isinstance(b, bool):
+        return (f"{FIELD_PATH}: {b!r} is not an integer token count; allowed: an integer "
+                f"in {allowed}")
+    if b < 0 or (n is not None and b > n):
+        return f"{FIELD_PATH}: {b} is outside {allowed}"
+    return None
+
+
+class BoundaryPublisher:
+    """Moves an admitted request's one state to its declared or learned boundary."""
+
+    def __init__(self, mode: str, grid: Grid, rule: str = "optimal",
+                 keep_end: bool | None = None, cost: Callable[[], CostCoeffs] | None = None,
+                 ) -> None:
+        """`keep_end` (extra_buffer): True: cut the extend at the boundary (when SGLang's one
+        chunk slot is free) so its end state is published too, one round later; False: move
+        the one tracked state (the end state is lost); None: cut only when recomputing the
+        lost tail costs more than the extra round (`cost`: the runtime's round-cost fit)."""
+        self.mode = mode
+        self.grid = grid
+        self.declared = wants(mode, "declared")
+        self.learned = wants(mode, "learned")
+        self.learner = BoundaryLearner(grid.size, rule=rule) if self.learned else None
+        self.keep_end = keep_end
+        self.cost = cost
+        self.moved = {"declared": 0, "learned": 0}
+        self.cut: Req | None = None  # the request cut at its boundary this scan
+
+    @property
+    def active(self) -> bool:
+        return self.declared or self.learned
+
+    def begin_scan(self) -> None:
+        self.cut = None
+
+    def admitted(self, req: Req, tokens, ns, adder: PrefillAdder, cut_ok: bool) -> int | None:
+        """Publish `req`'s state at its boundary if one applies; returns the depth or None.
+        `tokens`: its token ids; `cut_ok`: a cut may take SGLang's one chunk slot this scan."""
+        if not self.active or self.grid.layout is Layout.FULL:
+            return None
+        prefix, end = req.prefix_len, req.extend_end
+        branching = req.mamba_branching_seqlen
+        native_branch = self._native_branch(prefix, end - prefix, branching)
+        if self.learner is not None:
+            key = _key(ns, tokens, prefix) if prefix > 0 else None
+            self.learner.observe(ns, prefix, key, branching)
+        depth, source = None, None
+        b = declared_boundary(req) if self.declared else None
+        if b is not None:
+            depth, source = publish_at(self.grid, b, prefix, end - prefix), "declared"
+        elif self.learner is not None and not native_branch:
+            native = self.grid.planned_depth(prefix, end - prefix, None)
+            guess = self.learner.predict(ns, prefix, native)
+            if guess is not None:
+                depth, source = publish_at(self.grid, guess, prefix, end - prefix), "learned"
+        if depth is not None and self._publish(req, depth, adder, cut_ok):
+            self.moved[source] += 1
+        else:
+            depth = None
+        if self.learner is not None:
+            self._record(req, tokens, ns, depth, native_branch)
+        return depth
+
+    def _record(self, req: Req, tokens, ns, moved: int | None, native_branch: bool) -> None:
+        """What this extend publishes, for classifying later hits (core/boundary.py)."""
+        if moved is not None:
+            self.learner.published(_key(ns, tokens, moved), "boundary")
+            if self.cut is not req:
+                return  # NOTE: the moved state replaces the end state
+            # NOTE: cut: the rest runs next round as a chunk and publishes the end
+            q, kind = self.grid.planned_depth(moved, len(tokens) - moved), "end"
+        else:
+            if req.extend_end < len(tokens):
+                return  # NOTE: a middle chunk: neither a fork nor a request's end
+            q = self.grid.planned_depth(req.prefix_len, req.extend_end - req.prefix_len,
+                                        req.mamba_branching_seqlen)
+            kind = "branch" if native_branch else "end"
+        if q is not None:
+            self.learner.published(_key(ns, tokens, q), kind)
+
+    def _native_branch(self, prefix: int, extend: int, branching: int | None) -> bool:
+        # NOTE: SGLang already publishes where this request leaves a cached path: keep it.
+        return branching is not None and self.grid.layout is Layout.EXTRA_BUFFER and \
+            self.grid.branch_ok(prefix, extend, branching)
+
+    def _publish(self, req: Req, depth: int, adder: PrefillAdder, cut_ok: bool) -> bool:
+        can_cut = cut_ok and adder.new_chunked_req in (None, req)
+        if self.grid.layout is Layout.EXTRA_BUFFER:
+            if not (can_cut and self._keep(req, depth)):
+                req.mamba_branching_seqlen = depth  # NOTE: read by prepare_for_extend
+                return True
+        elif not can_cut:
+            return False
+        cut_chunk(req, depth, adder)
+        self.cut = req
+        return True
+
+    def _keep(self, req: Req, depth: int) -> bool:
+        """Whether to cut at `depth` so the displaced end state is published too."""
+        end = self.grid.planned_depth(req.prefix_len, req.extend_end - req.prefix_len)
+        lost = (end or depth) - depth  # NOTE: what a continuation would recompute
+        if lost <= 0 or self.keep_end is False:
+            return False
+        if self.keep_end or self.cost is None:
+            return bool(self.keep_end)
+        c = self.cost()
+        # NOTE: the cut finishes this request one round later (a round's fixed cost and a row)
+        return c.beta * lost >= c.alpha + c.gamma
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "moved_declared": self.moved["declared"],
+                "moved_learned": self.moved["learned"]}
+
+
+def _key(ns, tokens, depth: int) -> tuple:
+    return (ns, depth, hash(tuple(tokens[:depth])))
+
+
+def cut_chunk(req: Req, depth: int, adder: PrefillAdder) -> None:
+    """End `req`'s extend at `depth` as SGLang's one chunked request, returning the compute
+    budget the cut frees (as adapter/runtime.py `_apply_fork` does for a no_buffer fork)."""
+    from .runtime import _compute_charge
+
+    assert depth % adder.page_size == 0 and req.prefix_len < depth < req.extend_end
+    old = req.extend_end - req.prefix_len
+    cut = req.extend_end - depth
+    req.extend_end = depth
+    adder.new_chunked_req = req
+    # NOTE: KV stays reserved for the whole request: conservative, never short.
+    refund = _compute_charge(adder, old) - _compute_charge(adder, depth - req.prefix_len)
+    adder.rem_input_tokens += refund
+    if adder.rem_chunk_tokens is not None:
+        adder.rem_chunk_tokens += refund
+    adder.log_input_tokens -= cut
+
+
+# --- the chat template's system message (OpenAI chat endpoint) ------------------------------
+def lcp(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def system_boundary(tokenizer, messages: list, prompt_ids: list[int],
+                    template_kwargs: dict | None = None) -> int | None:
+    """Token position where the leading system message(s) end in `prompt_ids`: the system
+    messages rendered alone by the same chat template, matched against the prompt (the common
+    prefix: a template may close the system block differently when more follows)."""
+    k = 0
+    while k < len(messages) and _role(messages[k]) in ("system", "developer"):
+        k += 1
+    if k == 0 or k == len(messages):
+        return None
+    try:
+        ids = tokenizer.apply_chat_template([_plain(m) for m in messages[:k]], tokenize=True,
+                                            add_generation_prompt=False,
+                                            **(template_kwargs or {}))
+    except Exception:  # noqa: BLE001  NOTE: a template that needs a user turn: no boundary
+        return None
+    n = lcp(token_ids(ids), prompt_ids)
+    return n or None
+
+
+def token_ids(rendered) -> list[int]:
+    """apply_chat_template(tokenize=True)'s ids: a list, or a BatchEncoding in newer
+    transformers (a mapping whose list() would be its keys)."""
+    if hasattr(rendered, "keys"):
+        rendered = rendered["input_ids"]
+    return list(rendered)
+
+
+def _role(m) -> str | None:
+    return m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+
+
+def _plain(m) -> dict:
+    if isinstance(m, dict):
+        return m
+    content = getattr(m, "content", None)
+    if isinstance(content, list):  # NOTE: text parts joined, as templates see plain strings
+        content = "".join(getattr(p, "text", "") or "" for p in content)
+    return {"role": m.role, "content": content or ""}
+
+
+def _with_system_boundary(self, request, adapted) -> None:
+    ids = adapted.input_ids
+    sp = adapted.sampling_params
+    if not isinstance(ids, list) or not ids or not isinstance(ids[0], int):
+        return  # NOTE: a text prompt (tokenized later) or a batch: no boundary
+    if not isinstance(sp, dict):
+        return
+    params = dict(sp.get("custom_params") or {})
+    if FIELD in params:
+        return  # the request declared its own
+    b = system_boundary(self.tokenizer_manager.tokenizer, list(request.messages), ids,
+                        request.chat_template_kwargs)
+    if b is not None and b < len(ids):
+        params[FIELD] = b
+        sp["custom_params"] = params
+
+
+_UPSTREAM_CONVERT = None
+
+
+def install_chat() -> None:
+    """Idempotent: chat requests declare the end of their system message as their boundary."""
+    global _UPSTREAM_CONVERT
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    if _UPSTREAM_CONVERT is not None:
+        return
+    _UPSTREAM_CONVERT = OpenAIServingChat._convert_to_internal_request
+
+    def convert(self, request, raw_request=None):
+        adapted, req = _UPSTREAM_CONVERT(self, request, raw_request)
+        _with_system_boundary(self, request, adapted)
+        return adapted, req
+
+    OpenAIServingChat._convert_to_internal_request = convert

@@ -1,0 +1,182 @@
+"""Publication boundaries (issue 15): publish a request's state where its siblings will branch.
+
+Engine-free. A producer publishes one state per extend (extra_buffer) near its own end, inside
+its unique suffix; a sibling arriving after it finished then finds no usable state. A boundary
+moves that one state to where the shared prefix ends:
+
+- declared: the request says where (a request field, the end of the system message, an SGLang
+  frontend fork's prefix); `publish_at` floors it to the grid;
+- learned: `BoundaryLearner` predicts it from the depths at which earlier requests of the same
+  cache namespace reused cached paths, and moves the state only when the expected reuse at the
+  predicted depth beats what the displaced end-of-extend state would have served.
+
+Placement over a distribution of overlap depths is the sparse prefix caching problem (arXiv
+2605.05219): with M states per path and overlap depth X, maximise E[deepest state <= X].
+`optimal_placement` solves it exactly for any M by dynamic programming; SGLang 0.5.23 keeps one
+tracked state per extend, so the adapter asks for M = 1 (argmax_d (d - p) * P(X >= d)).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from .grid import Grid, Layout
+
+MODES = ("off", "declared", "learned", "both")
+RULES = ("optimal", "mode")
+
+
+def wants(mode: str, source: str) -> bool:
+    """Whether boundary mode `mode` uses `source` ("declared" or "learned")."""
+    if mode not in MODES:
+        raise ValueError(f"invalid boundary mode {mode!r} (choose from {', '.join(MODES)})")
+    return mode in (source, "both")
+
+
+def publish_at(grid: Grid, boundary: int, prefix: int, extend: int) -> int | None:
+    """Depth at which this extend should publish to serve `boundary` (its grid floor, counted
+    from the ready prefix as SGLang tracks states); None when nothing should move: the boundary
+    is already ready (a state at or beyond its floor), lies past this extend's end, or the
+    layout publishes every page anyway (full attention)."""
+    if grid.layout is Layout.FULL or extend <= 0 or boundary >= prefix + extend:
+        return None
+    d = grid.fork_depth(prefix, extend, boundary)
+    if d is None or d >= prefix + extend:
+        return None  # NOTE: at the extend end it is the native publish depth already
+    if grid.layout is Layout.EXTRA_BUFFER and not grid.branch_ok(prefix, extend, d):
+        return None
+    return d
+
+
+def optimal_placement(depths: Sequence[int], weights: Sequence[float], m: int,
+                      base: int = 0) -> tuple[list[int], float]:
+    """Exact sparse-prefix-caching placement of `m` states among candidate `depths` given the
+    probability mass `weights[i]` of overlap depth `depths[i]`: maximise the expected reused
+    depth beyond `base` (a request with overlap X resumes from the deepest chosen depth <= X).
+    O(N^2 M) dynamic program over sorted candidates; returns (chosen depths, expected reuse)."""
+    pts = sorted({d for d in depths if d > base})
+    if m <= 0 or not pts:
+        return [], 0.0
+    mass = Counter()
+    for d, w in zip(depths, weights, strict=True):
+        mass[d] += w
+    # tail[i]: mass of overlaps >= pts[i]
+    tail = [0.0] * (len(pts) + 1)
+    for i in range(len(pts) - 1, -1, -1):
+        tail[i] = tail[i + 1] + sum(w for d, w in mass.items() if pts[i] <= d
+                                    and (i + 1 == len(pts) or d < pts[i + 1]))
+    n = len(pts)
+    neg = float("-inf")
+    # best[k][i]: best reuse with k states, the deepest at pts[i] (states at shallower depths)
+    best = [[neg] * n for _ in range(m + 1)]
+    prev: list[list[int | None]] = [[None] * n for _ in range(m + 1)]
+    for i in range(n):
+        best[1][i] = (pts[i] - base) * tail[i]
+    for k in range(2, m + 1):
+        for i in range(n):
+            for j in range(i):
+                # NOTE: a state at pts[i] adds (pts[i] - pts[j]) to every overlap >= pts[i]
+                v = best[k - 1][j] + (pts[i] - pts[j]) * tail[i]
+                if v > best[k][i]:
+                    best[k][i], prev[k][i] = v, j
+    k_best, i_best = max(((k, i) for k in range(1, m + 1) for i in range(n)),
+                         key=lambda ki: (best[ki[0]][ki[1]], -ki[0]))
+    chosen, k, i = [], k_best, i_best
+    while i is not None and k >= 1:
+        chosen.append(pts[i])
+        i, k = prev[k][i], k - 1
+    return sorted(chosen), best[k_best][i_best]
+
+
+FORK, CONTINUATION = "fork", "continuation"
+PUBLISH_KINDS = ("end", "branch", "boundary")  # a request's native end, SGLang's branch, ours
+
+
+@dataclass
+class BoundaryLearner:
+    """Per cache namespace, the recent reuse events, each a grid-floored depth and a kind:
+
+    - fork: a request left a cached path at that depth: SGLang's branching depth (the path's
+      KV goes on past it without a state there), or a hit on a state published at a branch or
+      a boundary;
+    - continuation: a hit on the state an earlier request published at its own end (the next
+      turn of a conversation, an exact repeat).
+
+    Which state a hit landed on is known from `published` (the adapter records every selected
+    request's planned publication under an opaque key of the published prefix; bounded).
+
+    `predict` moves a producer's one state from its native depth e to a learned depth d in
+    (prefix, e). rule "optimal" (the sparse-prefix-caching optimum for one state, arXiv
+    2605.05219, with continuations as the displaced state's value): move when
+    (d - prefix) * forks(>= d) > (e - d) * continuations; d = argmax of the left side over
+    depths seen `support` times. rule "mode": the most frequent fork depth seen `support` times,
+    without the comparison."""
+
+    grid: int
+    window: int = 256  # events kept per namespace (recent traffic)
+    support: int = 2  # a fork depth must have been seen this often to be learned
+    rule: str = "optimal"
+    namespaces: int = 1024  # namespaces kept (least recently observed dropped)
+    keys: int = 16_384  # publication records kept
+    _events: dict[Hashable, deque[tuple[int, str]]] = field(default_factory=dict)
+    _published: dict[Hashable, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"invalid learned-boundary rule {self.rule!r} "
+                             f"(choose from {', '.join(RULES)})")
+
+    def published(self, key: Hashable, kind: str) -> None:
+        """A state will be published under `key` (namespace + prefix), of kind PUBLISH_KINDS."""
+        self._published.pop(key, None)
+        self._published[key] = kind
+        if len(self._published) > self.keys:
+            self._published.pop(next(iter(self._published)))
+
+    def observe(self, namespace: Hashable, ready: int, ready_key: Hashable | None,
+                branching: int | None) -> str | None:
+        """One admitted request's match: its ready prefix (and the key of that prefix) and
+        SGLang's branching depth. Returns the event kind recorded, or None."""
+        if branching is not None and branching > ready:
+            return self._add(namespace, branching, FORK)
+        if ready <= 0 or ready_key is None:
+            return None
+        kind = self._published.get(ready_key)
+        if kind is None:
+            return None  # NOTE: a chunk stash or a forgotten record: no evidence either way
+        return self._add(namespace, ready, CONTINUATION if kind == "end" else FORK)
+
+    def _add(self, namespace: Hashable, depth: int, kind: str) -> str:
+        q = self._events.pop(namespace, None)
+        if q is None:
+            q = deque(maxlen=self.window)
+            if len(self._events) >= self.namespaces:
+                self._events.pop(next(iter(self._events)))
+        self._events[namespace] = q  # NOTE: re-inserted: most recently observed last
+        q.append((depth // self.grid * self.grid, kind))
+        return kind
+
+    def events(self, namespace: Hashable) -> tuple[tuple[int, str], ...]:
+        return tuple(self._events.get(namespace, ()))
+
+    def predict(self, namespace: Hashable, prefix: int, native: int | None) -> int | None:
+        """The learned depth in (prefix, native) to publish at instead of `native` (the depth
+        this extend publishes at natively; None: it publishes nothing), or None to keep it."""
+        q = self._events.get(namespace)
+        if not q or native is None:
+            return None
+        forks = Counter(d for d, k in q if k == FORK and d > prefix)
+        inside = {d: c for d, c in forks.items() if d < native and c >= self.support}
+        if not inside:
+            return None
+        if self.rule == "mode":
+            return max(inside, key=lambda d: (inside[d], d))
+        conts = sum(1 for _, k in q if k == CONTINUATION)
+
+        def gain(d: int) -> int:
+            return (d - prefix) * sum(c for e, c in forks.items() if e >= d)
+
+        best = max(inside, key=lambda d: (gain(d), d))
+        return best if gain(best) > (native - best) * conts else None

@@ -1,0 +1,530 @@
+"""Publication boundaries (issue 15) on SGLang's real cache, pools, Req and scan (the kit).
+
+Shape (gsp-paced, small): groups of siblings share a system prompt of 3 grid units + a bit and
+differ in a question longer than a grid unit, so a producer's native state lands inside its own
+question; every request arrives after the previous one finished. Depths derive from the grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from radixflow_sglang.core.boundary import (
+    CONTINUATION,
+    FORK,
+    BoundaryLearner,
+    optimal_placement,
+    publish_at,
+    wants,
+)
+from radixflow_sglang.core.grid import Grid, Layout
+
+LAYOUTS = ("extra_buffer", "no_buffer")
+MODEL = "qwen3.5-4b"
+
+
+def grid_of(model: str = MODEL) -> int:
+    from radixflow_sglang.geometry import load_geometry
+
+    return load_geometry(model).grid
+
+
+def make(policy: str = "radixflow", boundaries: str = "declared", layout: str = "extra_buffer",
+         **publisher):
+    """A kit; `publisher` replaces the runtime's BoundaryPublisher settings (keep_end, rule)."""
+    from radixflow_sglang.adapter.boundary import BoundaryPublisher
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    cfg = None if policy == "stock" else RadixFlowConfig(policy=policy, boundaries=boundaries)
+    kit = Kit(KitConfig(model=MODEL, layout=layout), policy=policy, radixflow_config=cfg)
+    if publisher:
+        rt = kit.runtime
+        rt.boundary = BoundaryPublisher(boundaries, rt.grid, cost=lambda: rt.cost.coeffs,
+                                        **publisher)
+    return kit
+
+
+def run_one(kit, rid: str, ids, **req) -> tuple[int, int]:
+    """Submit one request, drain: (its ready prefix when first scheduled, tokens scheduled)."""
+    kit.submit(kit.req(rid, ids, **req))
+    rounds = kit.drain()
+    cached = next(r.prefix[rid] for r in rounds if rid in r.prefix)
+    return cached, sum(r.extend.get(rid, 0) for r in rounds)
+
+
+def gsp_paced(kit, groups: int, per_group: int, system: int, question: int, declare: bool,
+              seed: int = 0) -> list[tuple[int, int, int, int]]:
+    """(group, index, cached, scheduled) per request; siblings arrive one after another."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(100, 200_000) for _ in range(system)]
+        for i in range(per_group):
+            ids = prompt + [rng.randrange(100, 200_000) for _ in range(question)]
+            cached, sched = run_one(kit, f"g{g}r{i}", ids,
+                                    boundary=system if declare else None)
+            out.append((g, i, cached, sched))
+    return out
+
+
+def followers_without_hit(res) -> int:
+    return sum(1 for _, i, cached, _ in res if i > 0 and cached == 0)
+
+
+# --- the engine-free core -------------------------------------------------------------------
+
+
+def test_publish_at_floors_to_the_grid_inside_the_extend():
+    eb, nb = Grid(Layout.EXTRA_BUFFER, 64), Grid(Layout.NO_BUFFER, 64)
+    assert publish_at(eb, 200, 0, 300) == 192
+    assert publish_at(eb, 200, 128, 172) == 192  # relative to the ready prefix, on the grid
+    assert publish_at(eb, 200, 192, 108) is None  # already ready at the boundary's floor
+    assert publish_at(eb, 320, 0, 300) is None  # past the extend: its end publishes natively
+    assert publish_at(eb, 200, 100, 200) == 164  # an off-grid prefix (a chunk's): G from it
+    assert publish_at(nb, 200, 0, 300) == 200  # no_buffer: a chunk end, on the page
+    assert publish_at(Grid(Layout.FULL, 1), 200, 0, 300) is None  # every page is published
+    assert wants("both", "learned") and wants("declared", "declared")
+    assert not wants("off", "declared") and not wants("learned", "declared")
+    with pytest.raises(ValueError, match="choose from off, declared, learned, both"):
+        wants("sometimes", "declared")
+
+
+def _brute(depths, weights, m, base=0):
+    pts = sorted({d for d in depths if d > base})
+    best = 0.0
+    for k in range(1, m + 1):
+        for chosen in itertools.combinations(pts, k):
+            v = sum(w * max([c - base for c in chosen if c <= x], default=0)
+                    for x, w in zip(depths, weights, strict=True))
+            best = max(best, v)
+    return best
+
+
+def test_optimal_placement_matches_brute_force():
+    rng = random.Random(5)
+    for _ in range(40):
+        n = rng.randrange(1, 7)
+        depths = [rng.randrange(0, 12) * 64 for _ in range(n)]
+        weights = [rng.random() for _ in range(n)]
+        for m in (1, 2, 3):
+            chosen, value = optimal_placement(depths, weights, m)
+            assert value == pytest.approx(_brute(depths, weights, m))
+            got = sum(w * max([c for c in chosen if c <= x], default=0)
+                      for x, w in zip(depths, weights, strict=True))
+            assert got == pytest.approx(value) and len(chosen) <= m
+
+
+def test_learner_moves_to_a_fork_depth_only_when_it_serves_more():
+    lr = BoundaryLearner(64, support=2)
+    assert lr.predict("ns", 0, 2112) is None  # nothing seen
+    lr.observe("ns", 0, None, 2048)  # a sibling left a cached path at 2048 (SGLang's branch)
+    assert lr.predict("ns", 0, 2112) is None  # seen once: below the support
+    lr.published(("k",), "branch")
+    assert lr.observe("ns", 2048, ("k",), None) == FORK  # a hit on a branch state: a fork
+    assert lr.predict("ns", 0, 2112) == 2048
+    assert lr.predict("other", 0, 2112) is None  # namespaces never mix
+    assert lr.predict("ns", 2048, 2112) is None  # already ready there
+    # continuations (hits on end states) weigh for the state the move would displace
+    for i in range(40):
+        lr.published(("end", i), "end")
+        assert lr.observe("ns", 2112, ("end", i), None) == CONTINUATION
+    assert lr.predict("ns", 0, 4096) is None  # (2048 * 2) < (4096 - 2048) * 40
+    mode = BoundaryLearner(64, support=2, rule="mode")
+    mode._events = lr._events
+    assert mode.predict("ns", 0, 4096) == 2048  # the simple rule ignores what it displaces
+    with pytest.raises(ValueError, match="choose from optimal, mode"):
+        BoundaryLearner(64, rule="best")
+
+
+# --- declared: the request field (kit) ----------------------------------------------------------
+
+
+def test_stock_second_sibling_gets_nothing():
+    """SGLang's own behaviour on the shape: the second sibling recomputes the system prompt
+    (the first published inside its question), SGLang's branching serves the third."""
+    G = grid_of()
+    res = gsp_paced(make("stock"), 4, 4, 3 * G + 10, G + 3, declare=True)
+    by = {(g, i): cached for g, i, cached, _ in res}
+    for g in range(4):
+        assert by[g, 1] == 0 and by[g, 2] == by[g, 3] == 3 * G
+    assert followers_without_hit(res) == 4
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("policy", ["radix", "radixflow"])
+def test_declared_boundary_every_sibling_hits(layout, policy):
+    G = grid_of()
+    system = 3 * G + 10
+    kit = make(policy, "declared", layout)
+    res = gsp_paced(kit, 4, 4, system, G + 3, declare=True)
+    floor = system // G * G if layout == "extra_buffer" else system
+    assert [c for _, i, c, _ in res if i > 0] == [floor] * 12
+    assert kit.runtime.boundary.moved["declared"] == 4  # the first of each group only
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+    off = gsp_paced(make(policy, "off", layout), 4, 4, system, G + 3, declare=True)
+    assert followers_without_hit(off) >= 4  # the field is ignored with boundaries off
+
+
+def test_declared_boundary_state_is_the_tracked_one():
+    """extra_buffer: the producer's one tracked state (mamba_last_track_seqlen) sits at the
+    boundary's grid floor instead of its own end."""
+    G = grid_of()
+    kit = make("radix", "declared", keep_end=False)
+    ids = list(range(1000, 1000 + 4 * G + 13))
+    kit.submit(kit.req("p", ids, boundary=3 * G + 10))
+    rounds = kit.drain()
+    assert rounds[0].track["p"] == 3 * G
+    stock = make("stock")
+    stock.submit(stock.req("p", ids))
+    assert stock.drain()[0].track["p"] == 4 * G
+
+
+# --- declared: the frontend fork's prefix (max_new_tokens=0) -------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fork_prefix_request_is_its_own_boundary(layout):
+    from radixflow_sglang.adapter.boundary import declared_boundary
+
+    G = grid_of()
+    prefix = list(range(5000, 5000 + 3 * G + 10))
+    kit = make("radixflow", "declared", layout)
+    pre = kit.req("prefix", prefix, max_new_tokens=0)
+    assert declared_boundary(pre) == len(prefix)
+    kit.submit(pre)
+    kit.drain()
+    want = len(prefix) // G * G if layout == "extra_buffer" else len(prefix)
+    for k in range(4):
+        cached, _ = run_one(kit, f"b{k}", prefix + [70 + k] * (G + 3))
+        assert cached == want
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+# --- declared: the system message of a chat template ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(tmp_path_factory):
+    pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("jinja2")
+    from radixflow_sglang import tokenizer as bt
+
+    out = tmp_path_factory.mktemp("tok")
+    src = Path(bt.__file__).parent / "model_dirs" / "qwen3.5-0.8b" / "config.json"
+    shutil.copy(src, out / "config.json")
+    bt.ensure_tokenizer(out)
+    return transformers.AutoTokenizer.from_pretrained(str(out))
+
+
+def test_system_message_end_is_the_boundary(chat_tokenizer):
+    from radixflow_sglang.adapter.boundary import system_boundary, token_ids
+
+    tok = chat_tokenizer
+    system = {"role": "system", "content": "You are a careful assistant. " * 20}
+    msgs = [system, {"role": "user", "content": "What is 2 + 2?"}]
+    ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+    ids = token_ids(ids)
+    b = system_boundary(tok, msgs, ids)
+    alone = tok.apply_chat_template([system], tokenize=True, add_generation_prompt=False)
+    alone = token_ids(alone)
+    assert b == len(alone) and ids[:b] == alone  # the system block, rendered, ends here
+    assert tok.decode(ids[b:]).startswith("<|im_start|>user")
+    other = [system, {"role": "user", "content": "Name a prime."}]
+    ids2 = tok.apply_chat_template(other, tokenize=True, add_generation_prompt=True)
+    ids2 = token_ids(ids2)
+    assert system_boundary(tok, other, ids2) == b  # siblings share exactly this prefix
+    assert system_boundary(tok, msgs[1:], ids) is None  # no system message: no boundary
+
+
+# --- learned ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout, missed", [("extra_buffer", 1), ("no_buffer", 2)])
+def test_learned_boundary_after_the_first_group(layout, missed):
+    G = grid_of()
+    system = 3 * G + 10
+    kit = make("radixflow", "learned", layout)
+    res = gsp_paced(kit, 4, 4, system, G + 3, declare=False)
+    # NOTE: only the first group pays (its second sibling; no_buffer: also its third, whose
+    # own match is the second fork seen); from the second group on every sibling hits.
+    assert followers_without_hit(res) == missed
+    # NOTE: learned depths are grid floors of observed fork depths, in either layout
+    assert [c for g, i, c, _ in res if g > 0 and i > 0] == [3 * G] * 9
+    assert kit.runtime.boundary.moved["learned"] >= 3
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_both_uses_a_declaration_when_there_is_one_else_what_it_learned():
+    G = grid_of()
+    system = 3 * G + 10
+    kit = make("radixflow", "both")
+    declared = gsp_paced(kit, 2, 4, system, G + 3, declare=True, seed=1)
+    assert followers_without_hit(declared) == 0
+    learned = gsp_paced(kit, 2, 4, system, G + 3, declare=False, seed=2)
+    assert followers_without_hit(learned) == 0  # NOTE: the declared groups taught it 3 G
+    assert kit.runtime.boundary.moved == {"declared": 2, "learned": 2}
+
+
+def test_learned_leaves_continuations_and_repeats_alone():
+    """Multi-turn continuations and exact repeats hit the states earlier requests published
+    at their ends: nothing forks, nothing moves, every hit equals stock's."""
+    G = grid_of()
+    rng = random.Random(3)
+    hits = {}
+    for name in ("stock", "learned"):
+        kit = make("stock") if name == "stock" else make("radixflow", "learned")
+        conv = [rng.randrange(100, 200_000) for _ in range(3 * G + 10)]
+        got = []
+        for t in range(4):
+            conv += [rng.randrange(100, 200_000) for _ in range(G + 5 * t + 3)]
+            got.append(run_one(kit, f"t{t}", list(conv))[0])
+            got.append(run_one(kit, f"t{t}-again", list(conv))[0])
+            conv.append(7)
+        hits[name] = got
+        if name == "learned":
+            assert kit.runtime.boundary.moved["learned"] == 0
+        rng = random.Random(3)
+    assert hits["learned"] == hits["stock"] and hits["stock"][1] > 0
+
+
+# --- what moving the state costs later requests ---------------------------------------------------
+
+
+def _turns(kit, G: int, system: int, repeat: bool):
+    """A first turn declaring its system prompt, then its exact repeat or its next turn."""
+    rng = random.Random(9)
+    conv = [rng.randrange(100, 200_000) for _ in range(system)]
+    conv += [rng.randrange(100, 200_000) for _ in range(2 * G + 7)]
+    first = run_one(kit, "t0", list(conv), boundary=system)
+    if not repeat:
+        conv += [7] + [rng.randrange(100, 200_000) for _ in range(G)]
+    return first, run_one(kit, "t1", list(conv), boundary=system)
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_moving_the_state_costs_a_continuation_its_tail_unless_the_end_is_kept(repeat):
+    """extra_buffer keeps one state per extend: moved to the boundary, the next turn (or an
+    exact repeat) resumes at the boundary instead of the first turn's end: it recomputes the
+    tail. keep_end cuts the extend at the boundary (one round more) and publishes both."""
+    G = grid_of()
+    system = 3 * G + 10
+    stock = _turns(make("stock"), G, system, repeat)
+    moved = _turns(make("radix", "declared", keep_end=False), G, system, repeat)
+    kept_kit = make("radix", "declared", keep_end=True)
+    kept = _turns(kept_kit, G, system, repeat)
+    end = (system + 2 * G + 7) // G * G
+    assert stock[1][0] == end  # stock resumes at the first turn's end state
+    assert moved[1][0] == 3 * G  # moved: at the boundary
+    assert moved[1][1] - stock[1][1] == end - 3 * G  # the tail, recomputed
+    assert kept[1] == stock[1]  # kept: as stock
+    assert len([r for r in kept_kit.rounds if "t0" in r.rids]) == 2  # the price: one round
+    assert kept_kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_auto_keeps_the_end_when_the_tail_outweighs_a_round():
+    """keep_end=None (the default): cut only when recomputing the displaced tail costs more
+    than the extra round, with the runtime's round-cost fit."""
+    from radixflow_sglang.core.cost import CostCoeffs
+
+    G = grid_of()
+    system = 3 * G + 10
+    kit = make("radix", "declared")
+    kit.runtime.use_prior(CostCoeffs(alpha=1.0, beta=1e-6, gamma=0.0))  # rounds are dear
+    assert _turns(kit, G, system, False)[1][0] == 3 * G
+    kit = make("radix", "declared")
+    kit.runtime.use_prior(CostCoeffs(alpha=1e-6, beta=1.0, gamma=0.0))  # tokens are dear
+    assert _turns(kit, G, system, False)[1][0] == (system + 2 * G + 7) // G * G
+
+
+# --- the request field's validation (tokenizer manager: a 400 naming the field) ------------------
+
+
+def test_boundary_field_problems_name_the_field():
+    from types import SimpleNamespace
+
+    from radixflow_sglang.adapter.boundary import FIELD_PATH, boundary_problem
+
+    def obj(value):
+        return SimpleNamespace(sampling_params={"custom_params": {"radixflow_boundary": value}})
+
+    ids = list(range(10))
+    assert boundary_problem(obj(4), ids) is None and boundary_problem(obj(0), ids) is None
+    assert boundary_problem(obj(10), ids) is None
+    assert boundary_problem(SimpleNamespace(sampling_params={}), ids) is None
+    for bad in ("4", 4.0, True, None, [4]):
+        msg = boundary_problem(obj(bad), ids)
+        assert msg.startswith(FIELD_PATH) and "integer" in msg and "[0, 10]" in msg
+    for bad in (-1, 11):
+        assert boundary_problem(obj(bad), ids) == f"{FIELD_PATH}: {bad} is outside [0, 10] " \
+                                                  "(the input's token count)"
+
+
+def test_the_setting_names_the_flag_and_the_choices():
+    from radixflow_sglang.config import FLAG_NAMES, VAR_NAMES, ConfigError, RadixFlowConfig, build
+
+    assert RadixFlowConfig().boundaries == "declared"
+    with pytest.raises(ConfigError, match="RadixFlowConfig.boundaries: invalid choice 'x' "
+                                          r"\(choose from off, declared, learned, both\)"):
+        RadixFlowConfig(boundaries="x")
+    with pytest.raises(ConfigError, match="^--radixflow-boundaries: invalid choice 'sometimes'"):
+        build({"boundaries": "sometimes"}, FLAG_NAMES)
+    with pytest.raises(ConfigError, match="^RADIXFLOW_BOUNDARIES: invalid choice"):
+        build({"boundaries": "all"}, VAR_NAMES)
+    assert build({"boundaries": "both"}, FLAG_NAMES).boundaries == "both"
+
+
+# --- a real server: the field from /generate and the OpenAI endpoints -----------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import os
+    import sys
+
+    from radixflow_sglang.testing.server import Server, free_port
+
+    root = Path(__file__).resolve().parent.parent
+    tmp = tmp_path_factory.mktemp("boundary-server")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
+    env.update(PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
+    cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
+           "--port", str(port), "--radixflow-policy", "radixflow", "--radixflow-boundaries",
+           "declared", "--radixflow-executor", "simulated"]
+    with Server(cmd, env, tmp / "server.log", port, cwd=root) as srv:
+        srv.wait_ready(400)
+        yield srv
+
+
+def _post(url: str, body: dict):
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _moved(server) -> int:
+    from radixflow_sglang.testing.server import http_json
+
+    info = http_json(server.base + "/server_info", timeout=120)
+    states = info.get("internal_states") or [info]
+    return sum(s["radixflow"]["boundaries"]["moved_declared"] for s in states)
+
+
+@pytest.mark.slow
+def test_server_field_400_on_a_bad_value_and_a_hit_on_a_good_one(server):
+    from radixflow_sglang.adapter.boundary import FIELD_PATH
+    from radixflow_sglang.models import DEFAULT
+
+    G = grid_of(DEFAULT)
+    system = list(range(2000, 2000 + 3 * G + 10))
+
+    def gen(ids, boundary):
+        sp = {"max_new_tokens": 1, "ignore_eos": True,
+              "custom_params": {"radixflow_boundary": boundary}}
+        return _post(server.base + "/generate", {"input_ids": ids, "sampling_params": sp})
+
+    for bad in ("x", -1, 10_000, True):
+        status, body = gen(system + [5] * 3, bad)
+        assert status == 400 and FIELD_PATH in str(body), (bad, status, body)
+    status, body = _post(server.base + "/v1/completions",
+                         {"model": "default", "prompt": system, "max_tokens": 1,
+                          "custom_params": {"radixflow_boundary": "end"}})
+    assert status == 400 and FIELD_PATH in str(body), body
+    before = _moved(server)
+    status, first = gen(system + list(range(90_000, 90_000 + G + 3)), len(system))
+    assert status == 200, first
+    assert _moved(server) == before + 1
+    status, second = gen(system + list(range(95_000, 95_000 + G + 3)), len(system))
+    assert status == 200, second
+    # NOTE: stock gives the second sibling 0 cached tokens on this shape (kit test above)
+    assert second["meta_info"]["cached_tokens"] >= len(system) // G * G
+    status, body = _post(server.base + "/v1/completions",
+                         {"model": "default", "prompt": system + [11] * (G + 3),
+                          "max_tokens": 1, "custom_params": {"radixflow_boundary": len(system)}})
+    assert status == 200, body
+    server.check_alive("after the boundary requests")
+    server.idle_leak_check()
+
+
+@pytest.mark.slow
+def test_server_chat_declares_the_system_message_end(server):
+    before = _moved(server)
+    sysmsg = {"role": "system", "content": "You answer briefly and exactly. " * 30}
+    for q in ("What is 2 + 2?", "Name a prime number."):
+        status, body = _post(server.base + "/v1/chat/completions",
+                             {"model": "default", "max_tokens": 1,
+                              "messages": [sysmsg, {"role": "user", "content": q}]})
+        assert status == 200, body
+    assert _moved(server) == before + 1  # the first publishes at the system message's end
+    server.idle_leak_check()
+
+
+# --- figures at the issue's shape (not a test: `PYTHONPATH=. python tests/test_boundary.py`) -----
+
+
+def docs_with_turns(kit, groups: int, seed: int = 4, declare: bool = False):
+    """Rare forks, frequent continuations: each group is a 1,024-token prompt + a 2,000-token
+    document, its next turn, and (one group in three) a sibling sharing only the prompt."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(100, 200_000) for _ in range(1024)]
+        first = prompt + [rng.randrange(100, 200_000) for _ in range(2000)]
+        b = 1024 if declare else None
+        out.append((g, 0, *run_one(kit, f"d{g}", first, boundary=b)))
+        turn = first + [7] + [rng.randrange(100, 200_000) for _ in range(100)]
+        out.append((g, 1, *run_one(kit, f"d{g}t", turn, boundary=b)))
+        if g % 3 == 2:
+            sib = prompt + [rng.randrange(100, 200_000) for _ in range(2000)]
+            out.append((g, 2, *run_one(kit, f"d{g}s", sib, boundary=b)))
+    return out
+
+
+def figures() -> None:
+    """Counts of followers with 0 cached tokens, scheduled tokens and rounds vs stock."""
+    shape = dict(groups=16, per_group=4, system=2048, question=64)
+    arms = [("stock", "stock", "off", {}, False),
+            ("declared", "radixflow", "declared", {}, True),
+            ("learned (optimal)", "radixflow", "learned", {"rule": "optimal"}, False),
+            ("learned (mode)", "radixflow", "learned", {"rule": "mode"}, False)]
+    for layout in LAYOUTS:
+        base = None
+        for name, policy, mode, pub, declare in arms:
+            kit = make(policy, mode, layout, **pub)
+            res = gsp_paced(kit, **shape, declare=declare)
+            tokens = sum(r[3] for r in res)
+            base = base or (tokens, len(kit.rounds))
+            print(f"gsp-paced 16x4 2048+64 {layout:12s} {name:18s} followers with 0 cached: "
+                  f"{followers_without_hit(res)}/48  scheduled tokens {tokens} "
+                  f"({tokens / base[0]:.3f}x)  rounds {len(kit.rounds)} "
+                  f"({len(kit.rounds) / base[1]:.3f}x)", flush=True)
+        for keep in (None, False):
+            base = None
+            for name, policy, mode, pub, _ in arms[:1] + arms[2:]:
+                kit = make(policy, mode, layout, **pub,
+                           **({} if policy == "stock" else {"keep_end": keep}))
+                res = docs_with_turns(kit, 24)
+                tokens = sum(r[3] for r in res)
+                base = base or (tokens, len(kit.rounds))
+                print(f"docs+turns 24 groups {layout:12s} keep_end={keep!s:5s} {name:18s} "
+                      f"scheduled tokens {tokens} ({tokens / base[0]:.3f}x)  rounds "
+                      f"{len(kit.rounds)} ({len(kit.rounds) / base[1]:.3f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    figures()
