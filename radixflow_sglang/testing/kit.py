@@ -406,6 +406,9 @@ class Kit:
 
     # --- rounds ------------------------------------------------------------------------------
     def scan(self) -> ScheduleBatch | None:
+        """The prefill scan alone (stash the chunk, `get_new_batch_prefill`): no running-batch
+        merge, no decode, nothing launched. Tests drive single scans with it; `step` runs the
+        event loop's whole `get_next_batch_to_run`."""
         s = self.sched
         if s.chunked_req is not None and s.chunked_req.extend_end > s.chunked_req.prefix_len:
             checkpoint_kv_cache(s.chunked_req, self.pools.cache)  # as get_next_batch_to_run
@@ -417,6 +420,16 @@ class Kit:
         """One event-loop iteration: next batch (prefill, else decode), launch, process (the
         previous batch under overlap). Returns the launched round, if any."""
         s = self.sched
+        while self.cfg.overlap and len(s.result_queue) > 1:
+            # NOTE: batches a test launched outside `step` (its own scans): the overlap loop
+            # has processed every result but the last when it schedules (scheduler.py
+            # `_reqs_finishing_inflight` asserts it).
+            self.complete(s.result_queue.popleft()[0])
+        for b in (s.running_batch, s.last_batch):
+            for r in [r for r in (b.reqs if b is not None else ()) if r.is_retracted]:
+                # NOTE: retracted outside retract_decode (a test, the harness): it leaves the
+                # running batch as retract_decode's filter_batch takes it out.
+                self.drop_running(r)
         queued = len(s.waiting_queue)
         t = time.process_time()
         batch = self.next_batch()
