@@ -186,6 +186,8 @@ class GenerateSender:
 
     def body(self, b: Branch) -> dict[str, Any]:
         sampling = dict(SAMPLING, max_new_tokens=b.max_new_tokens)
+        if b.boundary is not None:  # NOTE: the declared boundary (adapter/boundary.py FIELD)
+            sampling["custom_params"] = {"radixflow_boundary": b.boundary}
         body: dict[str, Any] = {"input_ids": list(b.input_ids), "sampling_params": sampling,
                                 "rid": self.rid_prefix + b.rid}
         ns = self.namespace_prefix + b.namespace

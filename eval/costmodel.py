@@ -53,9 +53,39 @@ count: the linear mixers are linear in tokens (already in beta). For qwen3.5-4b 
 cold prefill gets ~5 % on top of the beta term; for qwen3-8b (36 attention layers) ~10 %.
 `CostModel(delta=0)` turns the term off.
 
+Decode steps (memory-bound)
+---------------------------
+A decode step of the running batch computes one token per row. At the batch sizes a prefill
+budget allows it is bound by HBM reads, not FLOPs, so it has its own term:
+
+    c_dec(step) = dec_alpha + dec_gamma * rows + dec_kv * cached_tokens
+
+`cached_tokens` sums the rows' sequence lengths (the KV entries the step's attention reads).
+
+dec_alpha: the weights are read once per step, whatever the rows: 2 bytes (bf16) per parameter
+read, at HBM_BYTES_PER_S * MBU_DECODE (ASSUMPTION: 0.7 of the 4.8 TB/s peak). The input
+embedding table is a lookup (rows x hidden, not the whole table), so an untied model reads
+P_total - vocab * hidden parameters, a tied one P_total (the table is the LM head). Plus a
+fixed DECODE_OVERHEAD_S (ASSUMPTION: 1.5 ms; CUDA-graph replay, sampling, the result round
+trip; decode runs under CUDA graphs, so far below the prefill alpha's 8 ms). qwen3.5-4b:
+8.0 GB / 3.36 TB/s = 2.38 ms + 1.5 ms = 3.88 ms.
+
+dec_gamma: per row DECODE_ROW_S (ASSUMPTION: 20 us of metadata and sampling) plus, for hybrid
+models, one read and one write of the request's recurrent state (`state_bytes`, every layer) at
+the same bandwidth: qwen3.5-4b 20 us + 2 x 50.3 MB / 3.36 TB/s = 50 us. The per-row matmul
+FLOPs (2 * P_tok, beta's numerator) are left out: below the roofline's ridge (weights' read
+time / per-row compute time, ~140 rows for qwen3.5-4b) they hide under the weight reads.
+
+dec_kv: per cached token, its full-attention KV (`kv_bytes_per_token`, every full-attention
+layer, K and V) read once at the same bandwidth: qwen3.5-4b 32 KiB -> 9.8 ns per token, so 64
+rows of 2,000 tokens add 1.25 ms. Recurrent layers read their constant-size state instead
+(dec_gamma).
+
 `fit(jsonl)` reads GPU forward records {rows, scheduled_tokens, duration_s[, attn_pairs]} and
 solves the least-squares problem for alpha, beta, gamma; delta is fitted too when every record
 carries attn_pairs, else it is 0 (the fitted beta then absorbs the workload's mean attention).
+The records are prefill forwards: a fitted model has no decode term unless `decode_from` gives
+one (e.g. `default_cost(model)`'s).
 """
 
 from __future__ import annotations
@@ -78,7 +108,11 @@ from radixflow_sglang.core.cost import (  # noqa: E402, F401
     ROW_OVERHEAD_S,
     prior_from_geometry,
 )
-from radixflow_sglang.geometry import load_geometry
+from radixflow_sglang.geometry import Geometry, load_geometry
+
+MBU_DECODE = 0.7  # decode's HBM bandwidth utilisation (assumption, module docstring)
+DECODE_OVERHEAD_S = 1.5e-3  # fixed per decode step (assumption)
+DECODE_ROW_S = 2e-5  # per decode row (assumption)
 
 
 @dataclass(frozen=True)
@@ -88,6 +122,9 @@ class CostModel:
     gamma: float  # s per row
     delta: float = 0.0  # s per full-attention (query, key) pair
     source: str = "custom"
+    dec_alpha: float = 0.0  # s per decode step (0: decode is free; default_cost derives it)
+    dec_gamma: float = 0.0  # s per decode row
+    dec_kv: float = 0.0  # s per cached token a decode step reads
 
     def __call__(self, rows: int, scheduled_tokens: int, attn_pairs: float = 0.0) -> float:
         return (self.alpha + self.beta * scheduled_tokens + self.gamma * rows
@@ -96,6 +133,16 @@ class CostModel:
     def batch(self, extend: Mapping[str, int], prefix: Mapping[str, int]) -> float:
         """Cost of one round given per-request extend and prefix lengths (a kit Round's)."""
         return self(len(extend), sum(extend.values()), attn_pairs(extend, prefix))
+
+    def decode(self, rows: int, cached_tokens: int) -> float:
+        """Cost of one decode step (module docstring, "Decode steps")."""
+        return self.dec_alpha + self.dec_gamma * rows + self.dec_kv * cached_tokens
+
+    def step(self, rnd) -> float:
+        """A kit round of either mode: a prefill Round or a DecodeRound."""
+        if rnd.mode == "decode":
+            return self.decode(len(rnd.rids), rnd.cached_tokens)
+        return self.batch(rnd.extend, rnd.prefix)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -114,12 +161,23 @@ def default_cost(model: str, *, attention: bool = True) -> CostModel:
     heads = t["num_attention_heads"]
     head_dim = t.get("head_dim") or t.get("attention_head_dim") or t["hidden_size"] // heads
     # NOTE: the derivation lives in the core (the server derives its prior the same way).
+    tied = t.get("tie_word_embeddings", False)
     c = prior_from_geometry(
-        models.get(model).params, t["vocab_size"], t["hidden_size"],
-        t.get("tie_word_embeddings", False),
+        models.get(model).params, t["vocab_size"], t["hidden_size"], tied,
         state_bytes=geo.state_bytes if geo.hybrid else 0,
         full_layers=len(geo.full_layers) if attention else 0, heads=heads, head_dim=head_dim)
-    return CostModel(c.alpha, c.beta, c.gamma, c.delta, source=f"default:{model}")
+    d = decode_terms(models.get(model).params, t["vocab_size"], t["hidden_size"], tied, geo)
+    return CostModel(c.alpha, c.beta, c.gamma, c.delta, f"default:{model}", *d)
+
+
+def decode_terms(params: float, vocab: int, hidden: int, tied: bool,
+                 geo: Geometry) -> tuple[float, float, float]:
+    """(dec_alpha, dec_gamma, dec_kv) from the model's numbers (module docstring)."""
+    bw = HBM_BYTES_PER_S * MBU_DECODE
+    weights = 2 * (params - (0 if tied else vocab * hidden))
+    state = geo.state_bytes if geo.hybrid else 0
+    return (DECODE_OVERHEAD_S + weights / bw, DECODE_ROW_S + 2 * state / bw,
+            geo.kv_bytes_per_token / bw)
 
 
 def cost_with(model: str, *, alpha_ms: float | None = None, beta_us: float | None = None,
@@ -149,7 +207,8 @@ def _records(source: str | Path | Iterable[Mapping]) -> list[Mapping]:
     return list(source)
 
 
-def fit(source: str | Path | Iterable[Mapping]) -> CostModel:
+def fit(source: str | Path | Iterable[Mapping], decode_from: CostModel | None = None
+        ) -> CostModel:
     """Least-squares alpha, beta, gamma (and delta if every record has attn_pairs) from GPU
     forward records {rows, scheduled_tokens, duration_s[, attn_pairs]} (a JSONL path or dicts).
 
@@ -170,4 +229,6 @@ def fit(source: str | Path | Iterable[Mapping]) -> CostModel:
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
     if with_attn:
         delta = float(coef[3])
-    return CostModel(float(coef[0]), float(coef[1]), float(coef[2]), delta, source="fit")
+    d = decode_from
+    dec = (d.dec_alpha, d.dec_gamma, d.dec_kv) if d is not None else (0.0, 0.0, 0.0)
+    return CostModel(float(coef[0]), float(coef[1]), float(coef[2]), delta, "fit", *dec)

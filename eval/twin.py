@@ -14,13 +14,22 @@ In short:
 
 * A question's four branches arrive together at its `arrival_s` and are appended to the
   kit's waiting queue at once, in branch order, each with the question's namespace as
-  `extra_key` (so branches of different namespaces never share cache entries).
+  `extra_key` (so branches of different namespaces never share cache entries). A question
+  with `after` arrives `arrival_s` after question `after` (same segment, earlier in send
+  order) completed: a closed loop.
+* Each branch generates `max_new_tokens` ids (its scripted `output`, else a filler id): the
+  kit runs SGLang's real running batch, so a step is a prefill batch when one forms, else one
+  decode step of the running batch (`DecodeRound`), which takes `cost.decode` GPU time
+  (eval/costmodel.py, "Decode steps"); with a host model a decode step is charged the scan's
+  fixed host time (no per-row batch preparation). `max_new_tokens=0` is SGLang's prefill-only
+  request. The paper's branches generate one token: no decode step at all.
 * The clock `now` is the time of the scheduler's next scan. A launched batch occupies the GPU
   for [start, end) with start = max(now + host, end of the previous batch); without overlap
   the step processes it (now -> its end), under overlap the previous one (the scan of batch
   N+1 runs while batch N computes, hiding its host time, as SGLang's overlap loop does).
-* A branch completes at the end of the batch that computed its last token. A question's
-  latency is arrival -> completion of its fourth branch.
+* A branch completes at the end of the batch that computed its last token; its first token
+  (TTFT) is at the end of its last prefill chunk. A question's latency is arrival ->
+  completion of its last branch.
 * An admission hold sleeps in virtual time (to its deadline or the next arrival); a scan that
   does nothing costs an idle tick.
 * Segments are replayed IN SEQUENCE on one kit (one server, as the GPU benchmark does): the
@@ -60,7 +69,13 @@ Conservation checks (raise ConservationError): every branch completes exactly on
 request's chunks are contiguous (prefix_{i+1} = prefix_i + extend_i) and end at its input
 length, and the tokens scheduled over all rounds equal sum over requests of
 (input_len - prefix at first selection); `hit_tokens` is that sum of first-selection prefixes,
-so scheduled_tokens + hit_tokens == input_tokens.
+so scheduled_tokens + hit_tokens == input_tokens. Retraction (SGLang's `retract_decode` under
+KV pressure) starts a request's new life: it re-prefills from whatever the cache then holds to
+its input plus the ids it had generated, each life contiguous on its own. Those tokens are
+scheduled prefill work too: `reprefill_tokens` counts them, and then
+scheduled_tokens - reprefill_tokens + hit_tokens == input_tokens.
+Decode steps are not rounds: `rounds`, `scheduled_tokens`, `busy_s` and the decomposition
+below count prefill rounds; `decode_steps` and `decode_s` the decode steps.
 """
 
 from __future__ import annotations
@@ -81,7 +96,9 @@ METRIC_KEYS = (
     "requests", "rounds", "scheduled_tokens", "hit_tokens", "input_tokens", "reuse",
     "rows_per_round", "tokens_per_round", "latency_mean_s", "latency_p50_s", "latency_p95_s",
     "latency_p99_s", "sender_lag_mean_s", "first_selection_mean_s", "blocked",
-    "parked_max_rounds", "leaked_kv_slots", "leaked_mamba_slots",
+    "parked_max_rounds", "leaked_kv_slots", "leaked_mamba_slots", "decode_steps", "decode_s",
+    "ttft_mean_s", "ttft_p95_s", "request_latency_mean_s", "request_latency_p95_s",
+    "retractions", "reprefill_tokens", "output_tokens",
 )
 
 
@@ -101,6 +118,8 @@ class RoundRecord:
     hit_tokens: int  # sum of the rows' prefixes (a continued chunk's own prefix included)
     attn_pairs: float
     host_s: float = 0.0  # scheduler CPU time charged before it (0: free scans)
+    mode: str = "prefill"  # or "decode" (ArmResult.decode_rounds)
+    cached_tokens: int = 0  # decode: KV entries its attention reads
 
     @property
     def cost_s(self) -> float:
@@ -130,6 +149,19 @@ class _Branch:
     chunks: list[tuple[int, int]] = field(default_factory=list)  # (prefix, extend) per round
     last_round: int = -1
     completion_s: float | None = None
+    first_token_s: float | None = None
+    outputs: int = 0  # ids generated
+    lives: list[tuple[int, int]] = field(default_factory=list)  # retraction: (chunk i, target)
+
+    def target(self) -> int:
+        """The length its current life's prefill ends at."""
+        return self.lives[-1][1] if self.lives else self.input_len
+
+    def life_chunks(self) -> list[tuple[int, list[tuple[int, int]]]]:
+        """(target, chunks) per life: before any retraction, then one per retraction."""
+        cuts = [(0, self.input_len), *self.lives]
+        ends = [c for c, _ in cuts[1:]] + [len(self.chunks)]
+        return [(t, self.chunks[c:e]) for (c, t), e in zip(cuts, ends, strict=True)]
 
 
 @dataclass
@@ -154,7 +186,8 @@ class ArmResult:
     seed: int
     metrics: dict[str, Any] | None = None
     error: str | None = None
-    rounds: list[RoundRecord] = field(default_factory=list)
+    rounds: list[RoundRecord] = field(default_factory=list)  # prefill rounds
+    decode_rounds: list[RoundRecord] = field(default_factory=list)  # decode steps
     questions: list[QuestionRecord] = field(default_factory=list)
     segments: list[SegmentInfo] = field(default_factory=list)
     cost: CostModel | None = None
@@ -252,6 +285,7 @@ def replay(
     host: Any = None,
     on_forward: Callable[[int, int, float], None] | None = None,
     gpu: Callable[[Any], float] | None = None,
+    ignore_eos: bool = True,
 ) -> ArmResult:
     """Replay segments in sequence through a fresh Kit in virtual time; raise on any violation.
 
@@ -259,7 +293,10 @@ def replay(
     the questions). `kit_overrides` go to KitConfig (rows, tokens, kv_tokens, ...). `host`:
     the scheduler's CPU time per launched round, (Round, ScanTiming) -> seconds (None: scans
     are free, the old twin); `on_forward(rows, tokens, seconds)` sees every simulated forward;
-    `gpu`: Round -> GPU seconds (default: `cost` of the round; `result.cost` stays `cost`).
+    `gpu`: prefill Round -> GPU seconds (default: `cost` of the round; `result.cost` stays
+    `cost`; decode steps cost `cost.decode`). `ignore_eos`: the requests' sampling flag; False
+    lets SGLang's admission reserve only its new-token ratio of running requests' outputs, so
+    decode can run out of KV and retract (Kit.req).
     """
     import torch
 
@@ -271,13 +308,14 @@ def replay(
         return _replay(questions_or_segments, model, policy, layout=layout, overlap=overlap,
                        cost=cost, seed=seed, progress=progress, kit_overrides=kit_overrides,
                        radixflow_config=radixflow_config, host=host, on_forward=on_forward,
-                       gpu=gpu)
+                       gpu=gpu, ignore_eos=ignore_eos)
     finally:
         torch.set_num_threads(threads)
 
 
 def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
-            kit_overrides, radixflow_config, host=None, on_forward=None, gpu=None) -> ArmResult:
+            kit_overrides, radixflow_config, host=None, on_forward=None, gpu=None,
+            ignore_eos=True) -> ArmResult:
     from radixflow_sglang.testing.kit import Kit, KitConfig
     from radixflow_sglang.testing.loop import VirtualClock, VirtualLoop
 
@@ -303,9 +341,14 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     q_done: list[int] = []
     q_size: list[int] = []
     seg_index = [0]
+    followers: dict[int, list[int]] = {}  # question -> the questions released by its completion
+    qobj: dict[int, Question] = {}
 
     def launched(launch) -> None:
         rnd = launch.round
+        if rnd.mode == "decode":
+            decoded(launch)
+            return
         ri = len(result.rounds)
         if rnd.index != ri:
             raise ConservationError(f"kit round {rnd.index} recorded as round {ri}")
@@ -316,15 +359,38 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         if len(set(rnd.rids)) != len(rnd.rids):
             raise ConservationError(f"round {ri} selects a request twice: {rnd.rids}")
         for rid in rnd.rids:
-            br = branches.get(rid)
-            if br is None:
-                raise ConservationError(f"round {ri} selects unknown request {rid!r}")
-            if br.completion_s is not None:
-                raise ConservationError(f"round {ri} selects completed request {rid!r}")
+            br = _live(rid, f"round {ri}")
             if br.first_selection_s is None:
                 br.first_selection_s = launch.scan_s
             br.chunks.append((rnd.prefix[rid], rnd.extend[rid]))
             br.last_round = ri
+            if br.first_token_s is None and rnd.prefix[rid] + rnd.extend[rid] == br.target():
+                br.first_token_s = launch.end_s  # its last chunk samples the first token
+
+    def decoded(launch) -> None:
+        rnd = launch.round
+        di = len(result.decode_rounds)
+        if rnd.index != di:
+            raise ConservationError(f"kit decode step {rnd.index} recorded as step {di}")
+        result.decode_rounds.append(RoundRecord(
+            di, seg_index[0], launch.scan_s, launch.start_s, launch.end_s, len(rnd.rids), 0, 0,
+            0.0, launch.host_s, mode="decode", cached_tokens=rnd.cached_tokens))
+        for rid in rnd.rids:
+            br = _live(rid, f"decode step {di}")
+            if br.first_token_s is None or br.last_round < 0:
+                raise ConservationError(f"decode step {di} runs {rid!r} before its prefill")
+
+    def _live(rid: str, where: str) -> _Branch:
+        br = branches.get(rid)
+        if br is None:
+            raise ConservationError(f"{where} selects unknown request {rid!r}")
+        if br.completion_s is not None:
+            raise ConservationError(f"{where} selects completed request {rid!r}")
+        return br
+
+    def retracted(req) -> None:
+        br = branches[req.rid]
+        br.lives.append((len(br.chunks), len(req.origin_input_ids) + len(req.output_ids)))
 
     def completed(rid: str, t: float) -> None:
         br = branches.get(rid)
@@ -339,18 +405,32 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         q_done[qi] += 1
         qr = result.questions[qi]
         qr.completion_s = t if q_done[qi] == 1 else max(qr.completion_s, t)
-        if q_done[qi] == q_size[qi] and bar is not None:
-            bar.update(1)
+        if q_done[qi] == q_size[qi]:
+            if bar is not None:
+                bar.update(1)
+            for f in followers.pop(qi, ()):  # closed loop: the next turn is sent now
+                arrival = qr.completion_s + qobj[f].arrival_s
+                result.questions[f].arrival_s = arrival
+                for b in qobj[f].branches:
+                    branches[b.rid].arrival_s = arrival
+                loop.arrive(f)
 
     def submit(qi: int) -> None:
         q = qobj[qi]
-        kit.submit(*[kit.req(b.rid, b.input_ids, b.namespace) for b in q.branches])
+        kit.submit(*[kit.req(b.rid, b.input_ids, b.namespace, max_new_tokens=b.max_new_tokens,
+                             output=b.output, ignore_eos=ignore_eos,
+                             boundary=b.boundary) for b in q.branches])
 
-    gpu = gpu or (lambda rnd: cost.batch(rnd.extend, rnd.prefix))
+    kit.on_retract = retracted
+    prefill = gpu or (lambda rnd: cost.batch(rnd.extend, rnd.prefix))
     if rt is not None:
         rt.use_prior(default_cost(model))  # NOTE: what a server derives; the fit learns `cost`
-        gpu = _observed(gpu, rt)
-    loop = VirtualLoop(kit, gpu, host=host,
+        prefill = _observed(prefill, rt)
+
+    def gpu_s(rnd) -> float:
+        return cost.step(rnd) if rnd.mode == "decode" else prefill(rnd)
+
+    loop = VirtualLoop(kit, gpu_s, host=_decode_host(host),
                        clock=clock, on_launch=launched, on_complete=completed,
                        on_forward=on_forward, label=policy)
     for si, seg in enumerate(segments):
@@ -359,25 +439,16 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         offset = loop.now
         info = SegmentInfo(seg.name, seg.regime, seg.order, offset, offset, len(seg), l_cap, u)
         blocked0 = rt.totals.blocked if rt is not None else 0
-        order: list[int] = []
-        qobj: dict[int, Question] = {}
-        for q in sorted(seg.questions, key=lambda q: q.arrival_s):  # stable: send order kept
-            qi = len(result.questions)
-            result.questions.append(QuestionRecord(q.qid, si, offset + q.arrival_s))
-            q_done.append(0)
-            q_size.append(len(q.branches))
-            order.append(qi)
-            qobj[qi] = q
-            for b in q.branches:
-                if b.rid in branches:
-                    raise ValueError(f"duplicate request id {b.rid!r}")
-                branches[b.rid] = _Branch(b.rid, qi, len(b.input_ids), offset + q.arrival_s)
+        order = _questions(seg, result, branches, qobj, followers, q_done, q_size, si, offset)
         try:
             info.end_s = loop.run(order, lambda qi: result.questions[qi].arrival_s, submit)
         except RuntimeError as e:
             if "never processed" in str(e):
                 raise ConservationError(f"segment {seg.name}: {e}") from None
             raise
+        if followers:
+            raise ConservationError(f"segment {seg.name}: questions never released: "
+                                    f"{sorted(result.questions[f].qid for f in followers)}")
         info.blocked = (rt.totals.blocked if rt is not None else 0) - blocked0
         result.segments.append(info)
     if bar is not None:
@@ -393,6 +464,47 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         result.metrics["host_s"] = loop.host_s
     result.wall_s = time.perf_counter() - t_wall
     return result
+
+
+def _questions(seg: Segment, result: ArmResult, branches: dict[str, _Branch],
+               qobj: dict[int, Question], followers: dict[int, list[int]], q_done: list[int],
+               q_size: list[int], si: int, offset: float) -> list[int]:
+    """Register a segment's questions; return the open-loop ones in arrival order (stable:
+    send order kept). A question with `after` waits in `followers` for that one's completion."""
+    by_qid: dict[str, int] = {}
+    open_loop: list[int] = []
+    for q in seg.questions:  # send order
+        qi = len(result.questions)
+        if q.after is not None:
+            if q.after not in by_qid:
+                raise ValueError(f"segment {seg.name}, question {q.qid!r}: after={q.after!r} "
+                                 f"is not an earlier question of the segment")
+            followers.setdefault(by_qid[q.after], []).append(qi)
+        else:
+            open_loop.append(qi)
+        by_qid[q.qid] = qi
+        arrival = offset + q.arrival_s if q.after is None else math.nan
+        result.questions.append(QuestionRecord(q.qid, si, arrival))
+        q_done.append(0)
+        q_size.append(len(q.branches))
+        qobj[qi] = q
+        for b in q.branches:
+            if b.rid in branches:
+                raise ValueError(f"duplicate request id {b.rid!r}")
+            branches[b.rid] = _Branch(b.rid, qi, len(b.input_ids), arrival,
+                                      outputs=b.max_new_tokens)
+    return sorted(open_loop, key=lambda qi: result.questions[qi].arrival_s)
+
+
+def _decode_host(host):
+    """The host model charges a decode step the scan's fixed host time: the scan ran and found
+    no prefill (a view with no rows), not a prefill's per-row batch preparation."""
+    if host is None:
+        return None
+    from types import SimpleNamespace
+
+    no_rows = SimpleNamespace(rids=(), mode="decode")
+    return lambda rnd, scan: host(rnd if rnd.mode == "prefill" else no_rows, scan)
 
 
 def _observed(gpu, rt):
@@ -413,18 +525,21 @@ def _check_conservation(result: ArmResult, branches: dict[str, _Branch]) -> None
         raise ConservationError(f"{len(missing)} requests never completed, e.g. {missing[:3]}")
     expected = 0
     for rid, b in branches.items():
-        p0 = b.chunks[0][0]
-        pos = p0
-        for i, (p, e) in enumerate(b.chunks):
-            if p != pos:
-                raise ConservationError(
-                    f"{rid}: chunk {i} starts at prefix {p}, previous chunk ended at {pos}")
-            if e <= 0:
-                raise ConservationError(f"{rid}: chunk {i} extends {e} tokens")
-            pos = p + e
-        if pos != b.input_len:
-            raise ConservationError(f"{rid}: computed up to {pos} of {b.input_len} input tokens")
-        expected += b.input_len - p0
+        for life, (target, chunks) in enumerate(b.life_chunks()):
+            if not chunks:
+                raise ConservationError(f"{rid}: life {life} (after a retraction) never ran")
+            pos = p0 = chunks[0][0]
+            for i, (p, e) in enumerate(chunks):
+                if p != pos:
+                    raise ConservationError(f"{rid}: life {life} chunk {i} starts at prefix {p}, "
+                                            f"previous chunk ended at {pos}")
+                if e <= 0:
+                    raise ConservationError(f"{rid}: life {life} chunk {i} extends {e} tokens")
+                pos = p + e
+            if pos != target:
+                raise ConservationError(f"{rid}: life {life} computed up to {pos} of {target} "
+                                        f"tokens")
+            expected += target - p0
     scheduled = sum(r.tokens for r in result.rounds)
     if scheduled != expected:
         raise ConservationError(
@@ -443,12 +558,19 @@ def _pct(xs: np.ndarray, p: float) -> float:
     return float(np.percentile(xs, p)) if xs.size else math.nan
 
 
+def _reprefill(b: _Branch) -> int:
+    """Tokens a retracted request scheduled again: every life after the first."""
+    return sum(t - chunks[0][0] for t, chunks in b.life_chunks()[1:])
+
+
 def _metrics(rounds: Sequence[RoundRecord], questions: Sequence[QuestionRecord],
-             brs: Sequence[_Branch]) -> dict[str, Any]:
+             brs: Sequence[_Branch], decode: Sequence[RoundRecord] = ()) -> dict[str, Any]:
     lat = np.array([q.latency_s for q in questions], dtype=float)
     sched = sum(r.tokens for r in rounds)
     inp = sum(b.input_len for b in brs)
     hit = sum(b.chunks[0][0] for b in brs)
+    ttft = np.array([b.first_token_s - b.arrival_s for b in brs], dtype=float)
+    req_lat = np.array([b.completion_s - b.arrival_s for b in brs], dtype=float)
     n = len(rounds)
     busy = sum(r.cost_s for r in rounds)
     waited = np.array([q.rounds_waited for q in questions], dtype=float)
@@ -472,6 +594,16 @@ def _metrics(rounds: Sequence[RoundRecord], questions: Sequence[QuestionRecord],
         "busy_s": busy,
         "mean_round_cost_s": busy / n if n else 0.0,
         "rounds_waited_mean": float(waited.mean()) if waited.size else 0.0,
+        "decode_steps": len(decode),
+        "decode_s": sum(r.cost_s for r in decode),
+        "decode_rows_per_step": sum(r.rows for r in decode) / len(decode) if decode else 0.0,
+        "ttft_mean_s": float(ttft.mean()) if ttft.size else math.nan,
+        "ttft_p95_s": _pct(ttft, 95),
+        "request_latency_mean_s": float(req_lat.mean()) if req_lat.size else math.nan,
+        "request_latency_p95_s": _pct(req_lat, 95),
+        "retractions": sum(len(b.lives) for b in brs),
+        "reprefill_tokens": sum(_reprefill(b) for b in brs),
+        "output_tokens": sum(b.outputs for b in brs),
     }
 
 
@@ -483,9 +615,10 @@ def _all_metrics(result: ArmResult, branches: dict[str, _Branch], rt, leaks: dic
 
     def subset(seg_ids: set[int]) -> dict[str, Any]:
         rs = [r for r in result.rounds if r.segment in seg_ids]
+        ds = [r for r in result.decode_rounds if r.segment in seg_ids]
         qs = [(i, q) for i, q in enumerate(result.questions) if q.segment in seg_ids]
         brs = [b for i, _ in qs for b in by_q[i]]
-        m = _metrics(rs, [q for _, q in qs], brs)
+        m = _metrics(rs, [q for _, q in qs], brs, ds)
         segs = [s for i, s in enumerate(result.segments) if i in seg_ids]
         m["l_cap"] = sum(s.l_cap for s in segs)
         m["unique_tokens"] = sum(s.unique_tokens for s in segs)

@@ -288,3 +288,110 @@ def test_admission_hold_runs_in_virtual_time(segs, arms, monkeypatch):
 
 def test_no_buffer_overlap_traversal_completes_every_token():
     twin.replay(twin.probe_segments()[:1], MODEL, "traversal", layout="no_buffer", overlap=True)
+
+
+# --- decode and closed-loop arrivals ---------------------------------------------------------
+
+
+def decode_cost() -> costmodel.CostModel:
+    return costmodel.CostModel(0.01, 1e-5, 1e-3, dec_alpha=4e-3, dec_gamma=1e-4, dec_kv=1e-8)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decode_steps_take_virtual_time(overlap):
+    from eval.workload import Branch, Question
+
+    cost = decode_cost()
+    ids = list(range(1000, 2000))
+    q = Question("solo", "solo", (Branch("solo/A", ids, "solo", 0, max_new_tokens=8),), 0, 0,
+                 arrival_s=0.25)
+    res = twin.replay([Segment("cold", "forward", (q,))], MODEL, "stock", overlap=overlap,
+                      cost=cost)
+    m = res.metrics
+    steps = [cost.decode(1, 1000 + i) for i in range(1, 8)]  # 7 steps after the prefill
+    assert m["rounds"] == 1 and m["decode_steps"] == 7 and m["output_tokens"] == 8
+    assert [r.cached_tokens for r in res.decode_rounds] == list(range(1001, 1008))
+    assert m["decode_s"] == pytest.approx(sum(steps))
+    assert m["ttft_mean_s"] == pytest.approx(cost(1, 1000))
+    assert res.questions[0].latency_s == pytest.approx(cost(1, 1000) + sum(steps))
+    assert m["scheduled_tokens"] + m["hit_tokens"] == m["input_tokens"] == 1000
+
+
+def test_default_cost_has_a_decode_term():
+    c = costmodel.default_cost(MODEL)
+    assert 0 < c.dec_alpha < c.alpha and c.dec_gamma > 0 and c.dec_kv > 0
+    assert c.decode(64, 128_000) > c.decode(1, 1000) > c.dec_alpha
+    assert costmodel.cost_with(MODEL, alpha_ms=3).dec_alpha == c.dec_alpha
+
+
+def turns(gap: float = 0.05) -> list[Segment]:
+    """Turn 2 extends turn 1's prompt and scripted answer; it is sent `gap` s after turn 1."""
+    from eval.workload import Branch, Question
+
+    prompt, answer = list(range(2000, 2500)), tuple(range(60_000, 60_040))
+    t1 = Question("t1", "c", (Branch("c/1", prompt, "c", 0, max_new_tokens=40, output=answer),),
+                  0, 0, arrival_s=0.1)
+    noise = Question("n", "n", (Branch("n/1", list(range(9000, 9300)), "n", 0),), 0, 0,
+                     arrival_s=0.11)
+    t2 = Question("t2", "c", (Branch("c/2", prompt + list(answer) + list(range(70_000, 70_030)),
+                                     "c", 0, max_new_tokens=4),), 0, 0, arrival_s=gap, after="t1")
+    return [Segment("multiturn", "forward", (t1, noise, t2))]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_question_with_after_arrives_when_the_other_completed(overlap):
+    res = twin.replay(turns(), MODEL, "radixflow", overlap=overlap, cost=decode_cost())
+    q1, _, q2 = res.questions
+    assert q2.arrival_s == pytest.approx(q1.completion_s + 0.05)
+    assert q2.completion_s > q2.arrival_s
+    last = res.rounds[-1]
+    assert last.scan_s >= q2.arrival_s  # its prefill was scanned after it arrived
+    # the second turn hits the first turn's prompt and (part of) its answer
+    assert last.hit_tokens > 500
+    assert res.metrics["request_latency_mean_s"] == pytest.approx(
+        sum(q.latency_s for q in res.questions) / 3)
+
+
+def test_after_must_name_an_earlier_question():
+    seg = turns()[0]
+    bad = Segment("multiturn", "forward", (seg.questions[2], *seg.questions[:2]))
+    with pytest.raises(ValueError, match=r"question 't2': after='t1' is not an earlier"):
+        twin.replay([bad], MODEL, "stock", cost=decode_cost())
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("policy", ["stock", "radixflow"])
+def test_one_token_twin_is_the_twin_before_decode(monkeypatch, overlap, policy):
+    """The paper's one-token workload: the twin over the kit's pre-decode step (no running
+    batch; tests/test_kit_decode.py `old_step`) gives the same rounds and latencies."""
+    from radixflow_sglang.testing.kit import Kit
+    from tests.test_kit_decode import old_step
+
+    segs = twin.probe_segments(seed=2)
+    new = twin.replay(segs, MODEL, policy, overlap=overlap)
+    monkeypatch.setattr(Kit, "step", old_step)
+    old = twin.replay(segs, MODEL, policy, overlap=overlap)
+    assert new.decode_rounds == [] and new.metrics["decode_steps"] == 0
+    assert [(r.rows, r.tokens, r.hit_tokens, r.start_s, r.end_s) for r in new.rounds] == \
+        [(r.rows, r.tokens, r.hit_tokens, r.start_s, r.end_s) for r in old.rounds]
+    assert new.latencies == old.latencies
+
+
+def test_retraction_re_prefills_and_is_counted():
+    """A tiny KV pool and requests without ignore_eos: SGLang's retract_decode sends a
+    request back; it re-prefills its input and generated ids, counted as reprefill_tokens."""
+    from eval.workload import Branch, Question
+
+    qs = []
+    for i, n in enumerate([600] * 3 + [10] * 8 + [600] * 3):
+        ids = list(range(1000 * (i + 1), 1000 * (i + 1) + 100))
+        qs.append(Question(f"q{i}", f"q{i}", (Branch(f"q{i}/A", ids, f"q{i}", 0,
+                                                     max_new_tokens=n),), 0, 0))
+    res = twin.replay([Segment("cold", "forward", tuple(qs))], MODEL, "radixflow",
+                      cost=decode_cost(), kit_overrides={"kv_tokens": 3000, "rows": 16},
+                      ignore_eos=False)
+    m = res.metrics
+    assert m["retractions"] >= 1 and m["reprefill_tokens"] > 100
+    assert m["scheduled_tokens"] - m["reprefill_tokens"] + m["hit_tokens"] == m["input_tokens"]
+    assert m["leaked_kv_slots"] == 0 and m["leaked_mamba_slots"] == 0
+    assert len(res.questions) == 14 and all(q.completion_s > 0 for q in res.questions)

@@ -78,13 +78,18 @@ class Harness:
         self._seen = 0  # completions already moved into _ended
         self._kv_total = kit.pools.allocator.available_size()
         self._mamba_total = kit.mamba_free()
+        self.decode_steps = 0
+        self.decode_retractions = 0  # retract_decode's (the kit's own, under KV pressure)
         kit.on_scan = self._scanned
+        kit.on_retract = self._decode_retracted
 
     # --- requests ------------------------------------------------------------------------------
-    def submit(self, rid: str, ids: Sequence[int], namespace: str | None = None) -> Any:
+    def submit(self, rid: str, ids: Sequence[int], namespace: str | None = None,
+               **sampling: Any) -> Any:
+        """`sampling`: Kit.req's max_new_tokens, output, ignore_eos."""
         if rid in self.lengths:
             raise ValueError(f"duplicate request id {rid!r}")
-        req = self.kit.req(rid, ids, namespace)
+        req = self.kit.req(rid, ids, namespace, **sampling)
         self.lengths[rid] = len(ids)
         self.kit.submit(req)
         return req
@@ -121,9 +126,16 @@ class Harness:
         batch = next(b for b, _ in self.kit.sched.result_queue if req in b.reqs)
         release_kv_cache(req, self.kit.pools.cache, checkpoint=False)  # as release_req
         req.reset_for_retract()
+        self.kit.drop_running(req)  # NOTE: as retract_decode, it leaves the running batch
         self.retracted.append((req, batch))
         self._end.pop(req.rid, None)  # it restarts from whatever the cache then holds
         self.retractions += 1
+
+    def _decode_retracted(self, req: Any) -> None:
+        """retract_decode sent it back: it re-prefills its input and the ids it generated."""
+        self.lengths[req.rid] = len(req.origin_input_ids) + len(req.output_ids)
+        self._end.pop(req.rid, None)
+        self.decode_retractions += 1
 
     def _requeue(self) -> None:
         inflight = [b for b, _ in self.kit.sched.result_queue]
@@ -175,6 +187,9 @@ class Harness:
     def _check_round(self, rnd: Any) -> None:
         if rnd is None:
             return
+        if rnd.mode == "decode":
+            self._check_decode(rnd)
+            return
         v = self.violations
         self.rounds += 1
         self.scheduled_tokens += rnd.scheduled_tokens
@@ -201,6 +216,20 @@ class Harness:
                 v.add("chunk_chain",
                       f"round {rnd.index}: {rid} resumes at {prefix}, not {self._end[rid]}")
             self._end[rid] = prefix + extend
+
+    def _check_decode(self, rnd: Any) -> None:
+        v = self.violations
+        self.decode_steps += 1
+        if len(rnd.rids) > self.rows:
+            v.add("row_budget", f"decode {rnd.index}: {len(rnd.rids)} rows > {self.rows}")
+        if len(set(rnd.rids)) != len(rnd.rids):
+            v.add("duplicate_row", f"decode {rnd.index}: {rnd.rids}")
+        for rid in rnd.rids:
+            if rid in self._ended:
+                v.add("selected_after_end", f"decode {rnd.index} runs ended {rid!r}")
+            elif self._end.get(rid) != self.lengths.get(rid):
+                v.add("decode_before_prefill", f"decode {rnd.index}: {rid} computed to "
+                                               f"{self._end.get(rid)} of {self.lengths.get(rid)}")
 
     def _check_waiting(self) -> None:
         v = self.violations

@@ -2,11 +2,16 @@
 
 Follows `sglang/test/kits/unified_radix_cache/fixtures.py::build_fixture` for the pools and cache.
 The scheduler is the real class (stock, or ours) created with `__new__` plus the attributes
-its prefill scan reads; only objects the scan asks about a model or a worker are stand-ins
-(`_Stub` below, each named). A round = stash the chunked request (as `get_next_batch_to_run`),
-run the scan, and complete the batch through the result path's calls (`release_kv_cache` /
-`checkpoint_kv_cache`, as `process_batch_result_prefill`). Recurrent state tensors are shrunk
-(the scan never reads their contents); layer layout and the checkpoint grid are the model's.
+its event loop reads; only objects that stand for a model, a worker or observability are
+stand-ins (`_Stub` below, each named). A step is one iteration of SGLang's event loop
+(scheduler.py `event_loop_normal` / `event_loop_overlap`): the real `get_next_batch_to_run`
+(stash the chunked request, filter the last prefill batch and merge it into the running batch,
+the prefill scan, else `update_running_batch`: check_decode_mem, retract_decode,
+prepare_for_decode), launch, and the real result path (batch_result_processor.py
+`SchedulerBatchResultProcessor.process_batch_result_prefill` / `_decode`) with the generated
+ids a model would have sampled: the request's scripted output, else FILLER_ID. A prefill batch
+runs when one forms, else one decode step of the running batch. Recurrent state tensors are
+shrunk (nothing reads their contents); layer layout and the checkpoint grid are the model's.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -24,10 +30,19 @@ from radixflow_sglang.geometry import Geometry, load_geometry
 
 check_sglang_version()
 
+import torch  # noqa: E402
+from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
 from sglang.srt.environ import envs  # noqa: E402
-from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
 from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+from sglang.srt.managers.scheduler_components.batch_result_processor import (  # noqa: E402
+    SchedulerBatchResultProcessor,
+)
+from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (  # noqa: E402
+    NewTokenRatioTracker,
+)
+from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache  # noqa: E402
@@ -40,6 +55,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 LAYOUTS = ("extra_buffer", "no_buffer")
 CONTEXT_LEN = 32_768  # the pools' max_context_len
+FILLER_ID = 7  # the generated id of a request without a scripted output
 
 
 @dataclass
@@ -181,13 +197,65 @@ def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geom
     )
     # Stand-ins for the model/worker side (the scan only reads these fields).
     s.model_config = _Stub(vocab_size=248_320, is_encoder_decoder=False,
-                           hf_text_config=_Stub(mamba_chunk_size=geo.grid))
+                           hf_text_config=_Stub(mamba_chunk_size=geo.grid),
+                           self_opened_think_start_ids=None, think_end_ids=None)
     s.tp_worker = _Stub(model_runner=_Stub(attn_backend=_Stub(), prefill_aware_swa=False))
     s.grammar_manager = _Stub(has_waiting_grammars=lambda: False)
-    s.beam_coordinator = _Stub(pending_member_rows=lambda batch: 0)
-    s.new_token_ratio_tracker = _Stub(current=0.0)
+    s.beam_coordinator = _Stub(pending_member_rows=lambda batch: 0, commit_decode=lambda b: set(),
+                               retire_group=lambda req: None)
     s.load_inquirer = _Stub(_get_num_pending_tokens=lambda chunk_deduct=0: 0)
+    _event_loop_attrs(s, cfg)
     return s
+
+
+def _event_loop_attrs(s: Scheduler, cfg: KitConfig) -> None:
+    """What scheduler.py `get_next_batch_to_run` / `update_running_batch` read beyond the scan
+    (set by `Scheduler.__init__` and its `init_*` helpers in a server)."""
+    s.new_token_ratio_tracker = NewTokenRatioTracker.from_config()  # the real one
+    s.disaggregation_mode = DisaggregationMode.NULL
+    s.scheduler_stage_metrics = None
+    s._pending_chunked_abort_req = None
+    s.prefill_decode_interval = 0  # --prefill-decode-interval default
+    s._prefill_decode_interval_remaining = 0
+    s.require_mlp_sync = False  # no DP attention
+    s.enable_skip_finishing_decode = cfg.overlap  # set by event_loop_overlap
+    s.forward_ct = 0
+    s.decode_offload_manager = None
+    s.last_batch = None
+    # Stand-ins: DP attention sync, n-gram embeddings and metrics do nothing here.
+    s.dp_attn_adapter = _Stub(maybe_prepare_mlp_sync_batch=lambda b, need_sync=False: b,
+                              maybe_convert_decode_to_extend=lambda b: b)
+    s.ngram_embedding_manager = _Stub(prepare_for_forward=lambda b, chunked_req=None: b)
+    s.metrics_reporter = _Stub(num_retracted_reqs=0, enable_metrics=False,
+                               num_generated_tokens=0, forward_ct_decode=0,
+                               report_decode_stats=lambda *a, **k: None,
+                               report_prefill_stats=lambda *a, **k: None)
+
+
+def result_processor(s: Scheduler, overlap: bool) -> SchedulerBatchResultProcessor:
+    """SGLang's real result processor (scheduler.py `init_batch_result_processor`); stand-ins
+    for the worker, streaming and metrics."""
+    return SchedulerBatchResultProcessor(
+        is_generation=True, disaggregation_mode=DisaggregationMode.NULL, enable_overlap=overlap,
+        enable_overlap_mlx=False, model_config=s.model_config,
+        token_to_kv_pool_allocator=s.token_to_kv_pool_allocator, tree_cache=s.tree_cache,
+        hisparse_coordinator=None, req_to_token_pool=s.req_to_token_pool,
+        decode_offload_manager=None, metrics_collector=None, metrics_reporter=s.metrics_reporter,
+        draft_worker=None, model_worker=_Stub(), logprob_result_processor=None,
+        output_streamer=_Stub(stream_output=lambda *a, **k: None),
+        beam_coordinator=s.beam_coordinator, abort_request=None)
+
+
+@contextmanager
+def _no_pinned_memory() -> Iterator[None]:
+    """`prepare_for_decode` pins its mamba track mask (`.pin_memory()`), which needs a CUDA
+    driver; on the kit's CPU tensors pinning is the identity."""
+    orig = torch.Tensor.pin_memory
+    torch.Tensor.pin_memory = lambda self, *a, **k: self
+    try:
+        yield
+    finally:
+        torch.Tensor.pin_memory = orig
 
 
 def scheduler_class(policy: str, config=None) -> type[Scheduler]:
@@ -203,16 +271,37 @@ def scheduler_class(policy: str, config=None) -> type[Scheduler]:
 
 @dataclass
 class Round:
+    """A launched prefill batch (`Kit.rounds`)."""
+
     index: int
     rids: list[str]
     extend: dict[str, int]  # rid -> tokens scheduled this round
     prefix: dict[str, int]  # rid -> ready prefix it started from
     track: dict[str, int | None]  # rid -> depth its state is published at (extra_buffer)
     chunked: str | None
+    mode: str = "prefill"
 
     @property
     def scheduled_tokens(self) -> int:
         return sum(self.extend.values())
+
+
+@dataclass
+class DecodeRound:
+    """A launched decode step of the running batch (`Kit.decode_rounds`): one token per row."""
+
+    index: int  # in Kit.decode_rounds
+    rids: list[str]
+    cached: dict[str, int]  # rid -> KV entries the step's attention reads (its sequence length)
+    mode: str = "decode"
+
+    @property
+    def scheduled_tokens(self) -> int:
+        return 0  # NOTE: prefill tokens only; a decode step computes one token per row
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self.cached.values())
 
 
 @dataclass(frozen=True)
@@ -235,6 +324,7 @@ class Kit:
     sleep: Callable[[float], None] | None = None  # what a holding scheduler waits with
     on_complete: Callable[[Req], None] | None = None  # after each request's completion
     on_scan: Callable[[ScanTiming], None] | None = None  # after each scan (step)
+    on_retract: Callable[[Req], None] | None = None  # a request retract_decode sent back
     keep_finished: bool = True  # keep completed Reqs in `finished` (a long soak keeps none)
     agreement: Callable | None = None  # how the hold shares rank 0's decision (default: local)
 
@@ -252,8 +342,15 @@ class Kit:
             given = {"clock": self.clock, "agreement": self.agreement}
             self.sched.init_radixflow(sleep=self.sleep or (lambda _s: None),
                                       **{k: v for k, v in given.items() if v is not None})
+        self.processor = result_processor(self.sched, self.cfg.overlap)
+        self.sched._add_request_to_queue = self._requeue_retracted
+        self.sched.send_abort_output = lambda _out, req: self._aborted(req)
         self.rounds: list[Round] = []
+        self.decode_rounds: list[DecodeRound] = []
         self.finished: dict[str, Req] = {}
+        self.retracted: list[str] = []  # rid per retraction, in order
+        self.aborted: list[str] = []  # requests retract_decode aborted (nothing left to retract)
+        self._outputs: dict[str, tuple[int, ...]] = {}  # scripted generated ids
         self.last_scan: ScanTiming | None = None
         self._kv_total = self.pools.allocator.available_size()
         self._mamba_total = self._mamba_free()
@@ -266,11 +363,21 @@ class Kit:
 
     # --- requests ----------------------------------------------------------------------------
     def req(self, rid: str, ids, namespace: str | None = None, max_new_tokens: int = 1,
+            output: Sequence[int] = (), ignore_eos: bool = True,
             boundary: int | None = None) -> Req:
         """A Req, after the intake checks SGLang's front end makes before a request can reach
-        the scheduler (tokenizer manager: empty input, input longer than the context)."""
+        the scheduler (tokenizer manager: empty input, input longer than the context).
+        `output`: the ids it generates (len == max_new_tokens), or () for FILLER_ID each.
+        `ignore_eos`: as the client sets it. Either way it runs to max_new_tokens (the kit has
+        no EOS id), but admission reserves a running request's whole remaining output only with
+        ignore_eos; without, SGLang's new-token ratio (< 1), so retraction can happen."""
         if len(ids) == 0:
             raise ValueError(f"request {rid!r}: input_ids cannot be empty")
+        if max_new_tokens < 0:
+            raise ValueError(f"request {rid!r}: max_new_tokens {max_new_tokens} (>= 0)")
+        if output and len(output) != max_new_tokens:
+            raise ValueError(f"request {rid!r}: output has {len(output)} ids, max_new_tokens "
+                             f"is {max_new_tokens} (give exactly that many, or none)")
         # NOTE: SGLang's cap (scheduler `max_req_input_len`): min(context, pool) - 1, less 5.
         limit = min(CONTEXT_LEN - 1, self.cfg.kv_tokens - 1) - 5
         if len(ids) > limit:
@@ -278,8 +385,11 @@ class Kit:
                              f"(context {CONTEXT_LEN}, KV pool {self.cfg.kv_tokens} tokens)")
         # NOTE: a declared boundary travels as the HTTP field does (adapter/boundary.py FIELD)
         custom = None if boundary is None else {"radixflow_boundary": boundary}
-        sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True, custom_params=custom)
+        sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
+                            custom_params=custom)
         sp.normalize(None)
+        if output:
+            self._outputs[rid] = tuple(output)
         return Req(rid, "", array("q", ids), sp, vocab_size=self.sched.model_config.vocab_size,
                    extra_key=namespace)
 
@@ -300,6 +410,9 @@ class Kit:
 
     # --- rounds ------------------------------------------------------------------------------
     def scan(self) -> ScheduleBatch | None:
+        """The prefill scan alone (stash the chunk, `get_new_batch_prefill`): no running-batch
+        merge, no decode, nothing launched. Tests drive single scans with it; `step` runs the
+        event loop's whole `get_next_batch_to_run`."""
         s = self.sched
         if s.chunked_req is not None and s.chunked_req.extend_end > s.chunked_req.prefix_len:
             checkpoint_kv_cache(s.chunked_req, self.pools.cache)  # as get_next_batch_to_run
@@ -307,59 +420,133 @@ class Kit:
         s.running_batch = plan.running_batch
         return plan.batch_to_run
 
-    def step(self) -> Round | None:
-        """One scheduler iteration: scan, launch, process (the previous batch under overlap)."""
-        queued = len(self.sched.waiting_queue)
+    def step(self) -> Round | DecodeRound | None:
+        """One event-loop iteration: next batch (prefill, else decode), launch, process (the
+        previous batch under overlap). Returns the launched round, if any."""
+        s = self.sched
+        while self.cfg.overlap and len(s.result_queue) > 1:
+            # NOTE: batches a test launched outside `step` (its own scans): the overlap loop
+            # has processed every result but the last when it schedules (scheduler.py
+            # `_reqs_finishing_inflight` asserts it).
+            self.complete(s.result_queue.popleft()[0])
+        for b in (s.running_batch, s.last_batch):
+            for r in [r for r in (b.reqs if b is not None else ()) if r.is_retracted]:
+                # NOTE: retracted outside retract_decode (a test, the harness): it leaves the
+                # running batch as retract_decode's filter_batch takes it out.
+                self.drop_running(r)
+        queued = len(s.waiting_queue)
         t = time.process_time()
-        batch = self.scan()
+        batch = self.next_batch()
         self.last_scan = ScanTiming(queued, time.process_time() - t)
         if self.on_scan is not None:
             self.on_scan(self.last_scan)
-        rnd = self._record(batch) if batch is not None else None
+        rnd = None
         if batch is not None:
-            self.sched.result_queue.append((batch, None))
-        if self.sched.result_queue and (not self.cfg.overlap or batch is None
-                                        or len(self.sched.result_queue) > 1):
-            self.complete(self.sched.result_queue.popleft()[0])
+            rnd = self._record(batch) if batch.forward_mode.is_extend() else self._decoded(batch)
+            # NOTE: as event_loop_overlap, the queue keeps a copy: the batch itself may become
+            # the running batch, which the next step's prepare_for_decode changes.
+            s.result_queue.append((batch.copy() if self.cfg.overlap else batch, None))
+        elif not s.result_queue:
+            s.new_token_ratio_tracker.reset()  # as Scheduler.on_idle
+        if s.result_queue and (not self.cfg.overlap or batch is None
+                               or len(s.result_queue) > 1):
+            self.complete(s.result_queue.popleft()[0])
+        s.last_batch = batch
         return rnd
 
+    def next_batch(self) -> ScheduleBatch | None:
+        """scheduler.py `get_next_batch_to_run` itself (the running batch is the real one)."""
+        s = self.sched
+        with _no_pinned_memory():
+            plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
+        s.running_batch = plan.running_batch
+        return plan.batch_to_run
+
     def complete(self, batch: ScheduleBatch) -> None:
-        """Commit one token per request through the result path's cache calls
-        (batch_result_processor.py `process_batch_result_prefill`)."""
-        for req in batch.reqs:
-            if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
-                continue
-            if req.inflight_middle_chunks > 0:
-                req.inflight_middle_chunks -= 1  # a middle chunk: no token yet
-                continue
-            req.output_ids.append(7)
-            req.update_finish_state()
-            if not req.finished():  # NOTE: the kit has no decode loop; one token ends a request
-                req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
-            release_kv_cache(req, self.pools.cache, checkpoint=True)
-            if self.keep_finished:
-                self.finished[req.rid] = req
-            self._forget(req.rid)
-            if self.on_complete is not None:
-                self.on_complete(req)
+        """Process one batch's result with SGLang's result processor (scheduler.py
+        `process_batch_result`: decode -> `process_batch_result_decode`, extend ->
+        `process_batch_result_prefill`), the model's sampled ids being the scripted ones."""
+        open_ = [r for r in batch.reqs if not r.finished()]
+        result = GenerationBatchResult(next_token_ids=self._sampled(batch))
+        try:
+            if batch.forward_mode.is_decode():
+                self.processor.process_batch_result_decode(batch, result)
+            else:
+                self.processor.process_batch_result_prefill(batch, result)
+        finally:
+            # NOTE: a request the result path completed: finished and its KV released (the
+            # processor stamps completion after release_kv_cache).
+            for req in open_:
+                if req.finished() and req.time_stats.completion_time:
+                    self._completed(req)
         if self.sched.chunked_req is not None and self.sched.chunked_req.finished():
             self.sched.chunked_req = None
 
+    def _sampled(self, batch: ScheduleBatch) -> torch.Tensor:
+        """The ids the model samples for the batch's rows: each row's next scripted id (a row
+        whose output is not committed this time gets one too; the processor ignores it).
+        Prefill-only batches get zeros, as tp_worker.py does for them."""
+        if batch.is_prefill_only:
+            return torch.zeros(len(batch.reqs), dtype=torch.int64)
+        ids = []
+        for r in batch.reqs:
+            out = self._outputs.get(r.rid, ())
+            n = len(r.output_ids)
+            ids.append(out[n] if n < len(out) else FILLER_ID)
+        return torch.tensor(ids, dtype=torch.int64)
+
+    def _completed(self, req: Req) -> None:
+        if self.keep_finished:
+            self.finished[req.rid] = req
+        self._outputs.pop(req.rid, None)
+        self._forget(req.rid)
+        if self.on_complete is not None:
+            self.on_complete(req)
+
+    def _requeue_retracted(self, req: Req, is_retracted: bool = False) -> None:
+        """scheduler.py `_add_request_to_queue` as it runs here (no priorities, no queue limit,
+        no prefetch, no disaggregation): back to the waiting queue. RadixFlow forgets what it
+        knew of the request: it re-enters as a new candidate and is re-matched."""
+        self.sched.waiting_queue.append(req)
+        if is_retracted:
+            self.retracted.append(req.rid)
+            self._forget(req.rid)
+            if self.on_retract is not None:
+                self.on_retract(req)
+
+    def _aborted(self, req: Req) -> None:
+        """retract_decode aborted it (the last request does not fit even alone): it ends."""
+        self.aborted.append(req.rid)
+        self._completed(req)
+
+    def drop_running(self, req: Req) -> None:
+        """Take a request out of the running batch and the not yet merged last batch (what
+        `retract_decode`'s filter_batch does for the requests it retracts)."""
+        s = self.sched
+        for b in (s.running_batch, s.last_batch):
+            if b is not None and req in b.reqs:
+                b.filter_batch(reqs_to_exclude=[req])
+
     @property
     def busy(self) -> bool:
-        """Requests wait, a chunk continues, or a launched batch awaits its result."""
+        """Requests wait, a chunk continues, a launched batch awaits its result, or requests
+        still decode (in the running batch, or in the last batch before its merge)."""
         s = self.sched
-        return bool(s.waiting_queue or s.chunked_req is not None or s.result_queue)
+        if s.waiting_queue or s.chunked_req is not None or s.result_queue:
+            return True
+        batches = (s.running_batch, s.last_batch)
+        return any(not r.finished() for b in batches if b is not None for r in b.reqs)
 
     def drain(self, max_rounds: int = 10_000) -> list[Round]:
+        """Step until idle; returns the prefill rounds (decode steps: `decode_rounds`)."""
         out = []
         for _ in range(max_rounds):
             if not self.busy:
                 return out
             rnd = self.step()
-            if rnd is not None:
+            if rnd is not None and rnd.mode == "prefill":
                 out.append(rnd)
-        raise RuntimeError(f"not drained after {max_rounds} rounds")
+        raise RuntimeError(f"not drained after {max_rounds} steps")
 
     # --- accounting --------------------------------------------------------------------------
     def leaks(self) -> dict[str, int]:
@@ -401,6 +588,13 @@ class Kit:
             {r.rid: r.kv.mamba_last_track_seqlen for r in batch.reqs}, chunked,
         )
         self.rounds.append(rnd)
+        return rnd
+
+    def _decoded(self, batch: ScheduleBatch) -> DecodeRound:
+        lens = batch.seq_lens_cpu.tolist()
+        rnd = DecodeRound(len(self.decode_rounds), [r.rid for r in batch.reqs],
+                          {r.rid: int(n) for r, n in zip(batch.reqs, lens, strict=True)})
+        self.decode_rounds.append(rnd)
         return rnd
 
     def _forget(self, rid: str) -> None:

@@ -13,14 +13,21 @@ Timeline (SGLang's `event_loop_normal` / `event_loop_overlap`, scheduler.py)
   one's end and the host time hides behind the forward still running (as the overlap loop
   does), unless it is longer.
 * A request completes at the end of the round whose result completed it.
+* Closed-loop arrivals: `arrive(item)` (e.g. from `on_complete`) adds an arrival during the
+  run at `at(item)`, in time order after those due at the same time; one due already (a
+  completion inside the step just taken) is submitted before the next scan.
 * The runtime's clock reads `now`; its sleep (an admission hold) advances `now` to the hold's
   deadline or the next arrival, whichever is first (a real scheduler polls its socket).
 * Idle guard: a step that launches nothing, processes nothing and sleeps no time costs
   IDLE_TICK_S (or less, up to the next arrival); MAX_IDLE_SCANS such steps in a row raise.
 
+A launched round is a prefill batch or a decode step of the running batch (the kit's `Round` /
+`DecodeRound`, `mode` "prefill" / "decode"); both occupy the GPU for `cost(round)` seconds.
+
 Hooks: `on_launch(Launch)` after each launched round, `on_complete(rid, t)` per completion,
-`on_forward(rows, tokens, seconds)` per forward (a runtime's cost estimator can observe the
-simulated GPU time there), `before_step()` (aborts, retractions).
+`on_forward(rows, tokens, seconds)` per prefill forward (a runtime's cost estimator can observe
+the simulated GPU time there; as in a server, decode forwards do not feed it), `before_step()`
+(aborts, retractions).
 """
 
 from __future__ import annotations
@@ -113,12 +120,15 @@ class VirtualLoop:
         self.completed: list[tuple[str, float]] = []  # (rid, completion time), in order
         self._inflight: deque[Launch] = deque()
         self._seen = 0
+        self._pending: deque = deque()
+        self._at: Callable[[Any], float] = lambda _a: 0.0
 
     def run(self, arrivals: Iterable[T], at: Callable[[T], float],
             submit: Callable[[T], None]) -> float:
         """Submit `arrivals` (in time order) at `at(a)` and step until everything has drained;
         return `now`, which is then also the end of the last forward."""
-        pending = deque(arrivals)
+        pending = self._pending = deque(arrivals)
+        self._at = at
         clock, sched = self.clock, self.kit.sched
         idle = 0
         while True:
@@ -162,6 +172,14 @@ class VirtualLoop:
         self.now = max(self.now, self.gpu_free)
         return self.now
 
+    def arrive(self, item: Any) -> None:
+        """Add an arrival while `run` runs (a closed loop: after a completion)."""
+        at, pending = self._at, self._pending
+        i = len(pending)
+        while i > 0 and at(pending[i - 1]) > at(item):
+            i -= 1
+        pending.insert(i, item)
+
     def _launch(self, rnd: Any, now: float) -> None:
         c = self.cost(rnd)
         h = self.host(rnd, self.kit.last_scan) if self.host is not None else 0.0
@@ -172,7 +190,7 @@ class VirtualLoop:
         self.host_s += h
         launch = Launch(rnd, now, h, start, end)
         self._inflight.append(launch)
-        if self.on_forward is not None:
+        if self.on_forward is not None and rnd.mode == "prefill":
             self.on_forward(len(rnd.rids), rnd.scheduled_tokens, c)
         if self.on_launch is not None:
             self.on_launch(launch)
