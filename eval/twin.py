@@ -98,7 +98,8 @@ METRIC_KEYS = (
     "latency_p99_s", "sender_lag_mean_s", "first_selection_mean_s", "blocked",
     "parked_max_rounds", "leaked_kv_slots", "leaked_mamba_slots", "decode_steps", "decode_s",
     "ttft_mean_s", "ttft_p95_s", "request_latency_mean_s", "request_latency_p95_s",
-    "retractions", "reprefill_tokens", "output_tokens",
+    "retractions", "reprefill_tokens", "output_tokens", "zero_hit_requests",
+    "zero_hit_after_requests", "after_requests",
 )
 
 
@@ -133,6 +134,7 @@ class QuestionRecord:
     arrival_s: float  # absolute virtual time
     completion_s: float = math.nan
     rounds_waited: int = 0
+    after: bool = False  # released by another question's completion (a follower)
 
     @property
     def latency_s(self) -> float:
@@ -484,7 +486,7 @@ def _questions(seg: Segment, result: ArmResult, branches: dict[str, _Branch],
             open_loop.append(qi)
         by_qid[q.qid] = qi
         arrival = offset + q.arrival_s if q.after is None else math.nan
-        result.questions.append(QuestionRecord(q.qid, si, arrival))
+        result.questions.append(QuestionRecord(q.qid, si, arrival, after=q.after is not None))
         q_done.append(0)
         q_size.append(len(q.branches))
         qobj[qi] = q
@@ -619,6 +621,11 @@ def _all_metrics(result: ArmResult, branches: dict[str, _Branch], rt, leaks: dic
         qs = [(i, q) for i, q in enumerate(result.questions) if q.segment in seg_ids]
         brs = [b for i, _ in qs for b in by_q[i]]
         m = _metrics(rs, [q for _, q in qs], brs, ds)
+        # NOTE: issue 15's follower count: requests whose first prefill started from no cache
+        m["zero_hit_requests"] = sum(1 for b in brs if b.chunks and b.chunks[0][0] == 0)
+        m["zero_hit_after_requests"] = sum(
+            1 for i, q in qs if q.after for b in by_q[i] if b.chunks and b.chunks[0][0] == 0)
+        m["after_requests"] = sum(len(by_q[i]) for i, q in qs if q.after)
         segs = [s for i, s in enumerate(result.segments) if i in seg_ids]
         m["l_cap"] = sum(s.l_cap for s in segs)
         m["unique_tokens"] = sum(s.unique_tokens for s in segs)

@@ -352,6 +352,12 @@ def test_a_question_with_after_arrives_when_the_other_completed(overlap):
         sum(q.latency_s for q in res.questions) / 3)
 
 
+def test_zero_hit_counts_split_followers_from_open_loop_requests():
+    """t1 and the noise start cold; the follower t2 hits t1's prompt (issue 15's count)."""
+    m = twin.replay(turns(), MODEL, "stock", cost=decode_cost()).metrics
+    assert (m["zero_hit_requests"], m["zero_hit_after_requests"], m["after_requests"]) == (2, 0, 1)
+
+
 def test_after_must_name_an_earlier_question():
     seg = turns()[0]
     bad = Segment("multiturn", "forward", (seg.questions[2], *seg.questions[:2]))
