@@ -126,6 +126,10 @@ SETTINGS: tuple[Setting, ...] = (
             "where its shared prefix ends: declared (request field, system message, fork "
             "prefix), learned (from the cache's reuse depths), both, or off",
             choices=BOUNDARY_MODES),
+    Setting("chat_boundary", str, "off", "declare the end of a chat request's system message as "
+            "its boundary (with declared/both); off by default: a conversation whose system "
+            "prompt nobody shares loses its end state (+8 % tokens on multi-turn)",
+            choices=("off", "on")),
 )
 LAUNCHER_SETTINGS: tuple[Setting, ...] = (
     Setting("executor", str, None, "model (GPU) or simulated (CPU cost model); default: model "
@@ -148,6 +152,7 @@ class RadixFlowConfig:
     frag_cap: int = 2  # rounds a request may be deferred by the fragmentation guard
     trace: str | None = None  # JSONL path for per-round and per-request events
     boundaries: str = "declared"  # publication boundaries (core/boundary.py MODES)
+    chat_boundary: str = "off"  # the chat system message as a declared boundary
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -397,7 +397,7 @@ def server(tmp_path_factory):
     env.update(PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
     cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
            "--port", str(port), "--radixflow-policy", "radixflow", "--radixflow-boundaries",
-           "declared", "--radixflow-executor", "simulated"]
+           "declared", "--radixflow-chat-boundary", "on", "--radixflow-executor", "simulated"]
     with Server(cmd, env, tmp / "server.log", port, cwd=root) as srv:
         srv.wait_ready(400)
         yield srv

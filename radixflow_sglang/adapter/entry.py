@@ -56,7 +56,7 @@ def activate(cfg: RadixFlowConfig, origin: str) -> None:
     from .validate import install as install_checks
 
     install_checks()
-    if cfg.policy != "stock" and wants(cfg.boundaries, "declared"):
+    if cfg.policy != "stock" and cfg.chat_boundary == "on" and wants(cfg.boundaries, "declared"):
         from .boundary import install_chat
 
         install_chat()  # NOTE: chat requests declare their system message's end
