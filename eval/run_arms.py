@@ -67,6 +67,7 @@ REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
 ORDER_CHOICES = ("forward", "reverse", "both")
 FORK_ARM = "radixflow-fork"
 FORK_ARMS = ((STOCK_FORK, BASELINE), (FORK_ARM, "radixflow"))  # (arm name, policy)
+FORK_NAMESPACE = "fork/"  # the prompt's tag line: "[fork/<workload namespace>]"
 SIM_DEFAULTS = {"alpha": 0.005, "beta": 2e-6, "gamma": 1e-4}  # adapter/simulated.py CostModel
 
 
@@ -222,6 +223,14 @@ def l_caps(segments, bud: Mapping[str, int | None]) -> dict[str, int]:
     return {s.name: capacity_bound(s, bud["rows"], bud["tokens"])[0] for s in segments}
 
 
+def namespace_prefix(spec: ArmSpec) -> str:
+    """The arm's cache namespace prefix: its own name for the ids arms (extra_key); one shared
+    tag for every fork arm, whose namespace is prompt text: each fork arm has its own server,
+    and with the same tag they send the same text, so their prompts, scheduled tokens and
+    outputs compare one to one."""
+    return FORK_NAMESPACE if spec.fork else f"{spec.name}/"
+
+
 def make_sender(spec: ArmSpec, base: str, pool: int, model: str):
     from eval import client
 
@@ -229,8 +238,8 @@ def make_sender(spec: ArmSpec, base: str, pool: int, model: str):
         from eval.workload import get_tokenizer
 
         return client.ForkSender(base, get_tokenizer(model).decode,
-                                 namespace_prefix=f"{spec.name}/")
-    return client.GenerateSender(base, pool=pool, namespace_prefix=f"{spec.name}/",
+                                 namespace_prefix=namespace_prefix(spec))
+    return client.GenerateSender(base, pool=pool, namespace_prefix=namespace_prefix(spec),
                                  rid_prefix=f"{spec.name}/")
 
 

@@ -264,3 +264,24 @@ def test_bench_serving_against_stock_and_radixflow(tmp_path):
     report = (out / "report.md").read_text()
     assert "### gsp" in report and "### random-ids" in report
     assert "generated-shared-prefix" in report
+
+
+def test_fork_arms_send_the_same_text_ids_arms_keep_their_own_namespace():
+    from eval import client
+    from eval.workload import Branch, Question
+
+    specs = {s.name: s for s in run_arms.arm_specs(["stock", "radixflow"], fork_arm=True)}
+    assert list(specs) == ["stock", "radixflow", "stock-fork", "radixflow-fork"]
+    assert specs["stock-fork"].policy == "stock" and specs["stock-fork"].fork
+    assert not specs["stock-fork"].traced and specs["radixflow-fork"].traced
+    brs = tuple(Branch(f"q/{x}", [1, 2, 3, 10 + i], "cold/q", i) for i, x in enumerate("ABCD"))
+    q = Question("q", "d", brs, prefix_len=3, doc_len=2)
+
+    def text(name):
+        return client.split_text(q, lambda ids: ",".join(map(str, ids)),
+                                 run_arms.namespace_prefix(specs[name]))
+
+    assert text("stock-fork") == text("radixflow-fork")
+    assert run_arms.namespace_prefix(specs["stock"]) != run_arms.namespace_prefix(
+        specs["radixflow"])
+    assert [s.name for s in run_arms.arm_specs(["radixflow"], fork_arm=False)] == ["radixflow"]
