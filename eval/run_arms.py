@@ -124,13 +124,17 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bench-policies", type=cli.policies, default=[BASELINE, "radixflow"],
                    help="one fresh server per policy runs every --bench (default: "
                         "stock,radixflow)")
-    g.add_argument("--gsp-groups", type=cli.positive(int), default=d.groups)
+    g.add_argument("--gsp-groups", type=cli.positive(int), default=d.groups,
+                   help="system prompt groups (default: %(default)s)")
     g.add_argument("--gsp-prompts-per-group", type=cli.positive(int),
-                   default=d.prompts_per_group)
+                   default=d.prompts_per_group, help="requests per group (default: %(default)s)")
     g.add_argument("--gsp-system-len", type=cli.positive(int), default=d.system_len,
-                   help="system prompt tokens (random-ids: prompt = system + question)")
-    g.add_argument("--gsp-question-len", type=cli.positive(int), default=d.question_len)
-    g.add_argument("--bench-output-len", type=cli.positive(int), default=d.output_len)
+                   help="system prompt tokens (default: %(default)s; random-ids: prompt = "
+                        "system + question, groups x prompts requests)")
+    g.add_argument("--gsp-question-len", type=cli.positive(int), default=d.question_len,
+                   help="question tokens (default: %(default)s)")
+    g.add_argument("--bench-output-len", type=cli.positive(int), default=d.output_len,
+                   help="generated tokens per request (default: %(default)s)")
     g.add_argument("--bench-rate", type=cli.positive(float), default=d.rate,
                    help="requests/s, Poisson (default: inf = burst)")
     g.add_argument("--bench-text", action="store_true",
