@@ -162,8 +162,9 @@ def fork_lines(forks: Mapping[str, LiveArm], aud: Mapping[str, Any]) -> list[str
     lines = ["## Frontend program: stock-fork vs radixflow-fork", "",
              "The same SGLang frontend program (`s.fork(4)`) against a stock and a radixflow "
              "server. Scheduled tokens and rounds are SGLang's own \"Prefill batch\" log lines "
-             "during the replay, for both arms: they include the frontend's own prefix "
-             "requests, which the per-branch records (meta) do not.", ""]
+             "during the replay, for both arms: they would also count a prefix request the "
+             "frontend sends on its own before the forks, which the per-branch records (meta) "
+             "do not.", ""]
     lines += table(FORK_HEADERS, fork_rows(forks)) + [""]
     if aud.get("ran"):
         for name, a in aud["arms"].items():

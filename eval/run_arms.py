@@ -19,8 +19,10 @@ entry (`--model`, radixflow_sglang/models.py: its dummy-weight dir and the paper
   (`sgl.function`, `s.fork(4)`, `sgl.gen(max_tokens=1)`); the frontend sends text, so the
   workload's ids are decoded with the model's tokenizer and re-tokenized by the server, and it
   cannot send `extra_key`, so the namespace is a "[namespace]" tag line opening the prompt.
-  The frontend also sends the shared prefix on its own before the forks, so the report compares
-  the two by what the server scheduled (SGLang's "Prefill batch" log lines, both arms).
+  The frontend may also send the shared prefix on its own (max_new_tokens=0) before the forks
+  (lang/interpreter.py StreamExecutor.fork: only when the prefix text is already applied), so
+  the report compares the two by what the server scheduled (SGLang's "Prefill batch" log lines
+  in the replay window, both arms).
 * bench_serving (`--bench gsp,random-ids`, default none; `--bench-policies`, default
   stock,radixflow): SGLang's own `python -m sglang.bench_serving` against a fresh server per
   policy (eval/bench_arm.py). `--no-replay` runs only these.
