@@ -15,6 +15,10 @@ from typing import Any
 from eval.report import MAIN_HEADERS, finite, fmt, main_rows, ratios, table
 
 BASELINE = "stock"
+STOCK_FORK = "stock-fork"  # the frontend fork program against a stock server
+# Fork arms compare by what the server scheduled (the frontend's own prefix requests included).
+FORK_RATIO_KEYS = ("scheduled_tokens_sglang_log", "rounds_sglang_log", "latency_mean_s",
+                   "latency_p95_s", "latency_p99_s")
 
 
 @dataclass
@@ -111,6 +115,69 @@ def arm_summary(arm: LiveArm, base: LiveArm | None) -> dict[str, Any]:
     return out
 
 
+def _vs(r: Mapping[str, float | None], k: str) -> str:
+    return "-" if r.get(k) is None else f"{r[k]:.2f}x"
+
+
+def fork_ratios(m: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, float | None]:
+    return {k: (m[k] / b[k] if m.get(k) is not None and b.get(k) else None)
+            for k in FORK_RATIO_KEYS}
+
+
+def fork_arms(arms: Mapping[str, LiveArm]) -> dict[str, LiveArm]:
+    """The frontend-program arms (stock-fork first), when stock-fork ran."""
+    if STOCK_FORK not in arms:
+        return {}
+    return {STOCK_FORK: arms[STOCK_FORK]} | {n: a for n, a in arms.items()
+                                             if n.endswith("-fork") and n != STOCK_FORK}
+
+
+def fork_rows(forks: Mapping[str, LiveArm]) -> list[list[str]]:
+    base = forks[STOCK_FORK].metrics if forks[STOCK_FORK].ok else None
+    rows = []
+    for name, a in forks.items():
+        if not a.ok:
+            rows.append([name, "FAILED"] + ["-"] * 10)
+            continue
+        m = a.metrics
+        r = fork_ratios(m, base) if base is not None else {}
+
+        rows.append([name, fmt(m.get("scheduled_tokens_sglang_log")),
+                     _vs(r, "scheduled_tokens_sglang_log"), fmt(m.get("rounds_sglang_log")),
+                     _vs(r, "rounds_sglang_log"), fmt(m["latency_mean_s"]),
+                     _vs(r, "latency_mean_s"),
+                     fmt(m["latency_p95_s"]), _vs(r, "latency_p95_s"),
+                     fmt(m["scheduled_tokens"] if m["counters"] == "radixflow trace" else None),
+                     fmt(m["hit_tokens"]), fmt(m["input_tokens"])])
+    return rows
+
+
+FORK_HEADERS = ["arm", "scheduled tokens (SGLang log)", "vs stock-fork", "rounds (SGLang log)",
+                "vs stock-fork", "lat mean (s)", "vs stock-fork", "lat p95 (s)",
+                "vs stock-fork", "scheduled (trace)", "hit tokens (meta)",
+                "prompt tokens (meta)"]
+
+
+def fork_lines(forks: Mapping[str, LiveArm], aud: Mapping[str, Any]) -> list[str]:
+    lines = ["## Frontend program: stock-fork vs radixflow-fork", "",
+             "The same SGLang frontend program (`s.fork(4)`) against a stock and a radixflow "
+             "server. Scheduled tokens and rounds are SGLang's own \"Prefill batch\" log lines "
+             "during the replay, for both arms: they would also count a prefix request the "
+             "frontend sends on its own before the forks, which the per-branch records (meta) "
+             "do not.", ""]
+    lines += table(FORK_HEADERS, fork_rows(forks)) + [""]
+    if aud.get("ran"):
+        for name, a in aud["arms"].items():
+            if a.get("ran") is False:
+                lines.append(f"- output audit {name} vs stock-fork: not run ({a['reason']})")
+            else:
+                lines.append(f"- output audit {name} vs stock-fork: {a['agreed']} of "
+                             f"{a['compared']} first tokens agree, {a['differing']} differ, "
+                             f"{a['prompt_length_differs']} prompt lengths differ")
+        lines.append("")
+    return lines
+
+
 def latency_rows(arms: Mapping[str, LiveArm]) -> list[list[str]]:
     rows = []
     for name, a in arms.items():
@@ -164,8 +231,56 @@ def audit_lines(aud: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+BENCH_HEADERS = ["policy", "completed", "scheduled tokens (SGLang log)", "vs stock",
+                 "/ prefix once", "rounds (SGLang log)", "cached (SGLang log)",
+                 "scheduled (trace)", "req/s", "vs stock", "e2e mean (ms)", "vs stock",
+                 "e2e median (ms)", "e2e p99 (ms)", "TTFT mean (ms)", "vs stock",
+                 "TPOT mean (ms)"]
+
+
+def bench_rows(per_policy: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    rows = []
+    for policy, e in per_policy.items():
+        if e.get("failed"):
+            err = str(e.get("error", ""))[:300].replace("|", "/")
+            rows.append([policy, f"FAILED: {err}"] + ["-"] * (len(BENCH_HEADERS) - 2))
+            continue
+        b, srv, r = e["bench_serving"], e["server"], e.get("vs_stock") or {}
+
+        rows.append([policy, fmt(b["completed"]), fmt(srv["scheduled_tokens_sglang_log"]),
+                     _vs(r, "scheduled_tokens"), fmt(e.get("scheduled_over_prefix_once"), 2),
+                     fmt(srv["rounds_sglang_log"]), fmt(srv["cached_tokens_sglang_log"]),
+                     fmt(srv["scheduled_tokens_trace"]), fmt(b["request_throughput"], 2),
+                     _vs(r, "request_throughput"), fmt(b["mean_e2e_latency_ms"], 1),
+                     _vs(r, "mean_e2e_latency_ms"), fmt(b["median_e2e_latency_ms"], 1),
+                     fmt(b["p99_e2e_latency_ms"], 1), fmt(b["mean_ttft_ms"], 1),
+                     _vs(r, "mean_ttft_ms"), fmt(b["mean_tpot_ms"], 1)])
+    return rows
+
+
+def bench_lines(config: Mapping[str, Any], bench: Mapping[str, Any]) -> list[str]:
+    shape = config.get("bench_shape", {})
+    lines = ["## bench_serving: SGLang's own benchmark client", "",
+             "`python -m sglang.bench_serving --backend sglang --warmup-requests 0` against a "
+             "fresh server per policy (eval/bench_arm.py); its benchmarks run in sequence on "
+             "that server. Shape: " + ", ".join(f"{k}={v}" for k, v in shape.items()) + ". "
+             "Scheduled tokens, rounds and cached tokens: SGLang's \"Prefill batch\" log "
+             "lines during the benchmark; trace: the --radixflow-trace rounds in the same "
+             "window (radixflow policies). / prefix once (gsp): scheduled tokens over groups x "
+             "system + requests x question, the work of computing every shared prefix once. "
+             "Latencies and throughput are bench_serving's (ms, client side).", ""]
+    for name, per_policy in bench.items():
+        lines += [f"### {name}", ""]
+        lines += table(BENCH_HEADERS, bench_rows(per_policy)) + [""]
+        cmds = {p: e.get("command") for p, e in per_policy.items() if e.get("command")}
+        lines += [f"- `{p}`: `{c}`" for p, c in cmds.items()] + [""]
+    return lines
+
+
 def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
-                    aud: Mapping[str, Any], total_wall_s: float) -> str:
+                    aud: Mapping[str, Any], total_wall_s: float,
+                    bench: Mapping[str, Any] | None = None,
+                    fork_aud: Mapping[str, Any] | None = None) -> str:
     cfg = ", ".join(f"{k}={v}" for k, v in config.items())
     lines = ["# Live arms report", "",
              "The workload replayed against a fresh real SGLang 0.5.23 HTTP server per arm "
@@ -183,6 +298,11 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
               "hit / input tokens (hit = meta_info.cached_tokens). Rounds, rows/round, blocked "
               "come from the server's --radixflow-trace; the stock arm has no trace, so they "
               "are '-' (unknown) there and its scheduled tokens are prompt - cached.", ""]
+    forks = fork_arms(arms)
+    if forks:
+        lines += fork_lines(forks, fork_aud or {})
+    if bench:
+        lines += bench_lines(config, bench)
     lines += ["## Latency detail", ""]
     lines += table(LATENCY_HEADERS, latency_rows(arms)) + [""]
     regimes = sorted({reg for a in arms.values() if a.ok for reg in a.regime_metrics()})
@@ -213,20 +333,40 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
     return "\n".join(lines)
 
 
+def _without_pairs(aud: Mapping[str, Any]) -> dict[str, Any]:
+    return ({k: v for k, v in aud.items() if k != "arms"}
+            | {"arms": {n: {k: v for k, v in a.items() if k != "pairs"}
+                        for n, a in aud.get("arms", {}).items()}})
+
+
 def write_outputs(out: Path, config: Mapping[str, Any], arms: Mapping[str, LiveArm],
-                  total_wall_s: float) -> dict[str, Any]:
+                  total_wall_s: float, bench: Mapping[str, Any] | None = None,
+                  ) -> dict[str, Any]:
+    """summary.json ({"config", "arms", "audit"}, plus "audit_fork" with the fork arms and
+    "bench" with the bench_serving runs), audit.json, timing.json, report.md."""
     aud = audit(arms)
     base = arms.get(BASELINE)
+    forks = fork_arms(arms)
     summary = {"config": dict(config),
                "arms": {n: arm_summary(a, base) for n, a in arms.items()},
-               "audit": {k: v for k, v in aud.items() if k != "arms"}
-               | {"arms": {n: {k: v for k, v in a.items() if k != "pairs"}
-                           for n, a in aud.get("arms", {}).items()}}}
+               "audit": _without_pairs(aud)}
+    fork_aud = audit(forks, base=STOCK_FORK) if forks else None
+    if fork_aud is not None:
+        summary["audit_fork"] = _without_pairs(fork_aud)
+        sf = forks[STOCK_FORK]
+        for n, a in forks.items():
+            if n != STOCK_FORK and a.ok and sf.ok:
+                summary["arms"][n]["vs_stock_fork"] = fork_ratios(a.metrics, sf.metrics)
+    if bench:
+        summary["bench"] = dict(bench)
     (out / "summary.json").write_text(json.dumps(finite(summary), indent=1) + "\n")
-    (out / "audit.json").write_text(json.dumps(finite(aud), indent=1, default=str) + "\n")
+    full = dict(aud) | ({"fork": fork_aud} if fork_aud is not None else {})
+    (out / "audit.json").write_text(json.dumps(finite(full), indent=1, default=str) + "\n")
     timing = {n: {"wall_s": a.wall_s, "replay_wall_s": a.replay_wall_s} for n, a in arms.items()}
+    if bench:
+        timing["bench"] = {f"{b}/{p}": e.get("wall_s") for b, per in bench.items()
+                           for p, e in per.items()}
     (out / "timing.json").write_text(json.dumps(timing | {"total_s": total_wall_s}, indent=1))
-    (out / "report.md").write_text(render_markdown(config, arms, aud, total_wall_s) + "\n")
+    (out / "report.md").write_text(
+        render_markdown(config, arms, aud, total_wall_s, bench, fork_aud) + "\n")
     return summary
-
-

@@ -14,10 +14,18 @@ entry (`--model`, radixflow_sglang/models.py: its dummy-weight dir and the paper
   SGLang's own unmodified Scheduler class with the simulated executor (`--stock-cmd`).
 * every other policy: `python -m radixflow_sglang.launch_server --radixflow-policy P
   --radixflow-trace OUT/arm-P/trace.jsonl`.
-* `radixflow-fork` (`--fork-arm`, default on): a radixflow server driven by the SGLang
-  frontend (`sgl.function`, `s.fork(4)`, `sgl.gen(max_tokens=1)`); the frontend sends text, so
-  the workload's ids are decoded with the model's tokenizer and re-tokenized by the server, and
-  it cannot send `extra_key`, so the namespace is a "[namespace]" tag line opening the prompt.
+* `stock-fork` and `radixflow-fork` (`--fork-arm`, default on): a stock and a radixflow server
+  (the stock and radixflow arms' commands) driven by the same SGLang frontend program
+  (`sgl.function`, `s.fork(4)`, `sgl.gen(max_tokens=1)`); the frontend sends text, so the
+  workload's ids are decoded with the model's tokenizer and re-tokenized by the server, and it
+  cannot send `extra_key`, so the namespace is a "[namespace]" tag line opening the prompt.
+  The frontend may also send the shared prefix on its own (max_new_tokens=0) before the forks
+  (lang/interpreter.py StreamExecutor.fork: only when the prefix text is already applied), so
+  the report compares the two by what the server scheduled (SGLang's "Prefill batch" log lines
+  in the replay window, both arms).
+* bench_serving (`--bench gsp,random-ids`, default none; `--bench-policies`, default
+  stock,radixflow): SGLang's own `python -m sglang.bench_serving` against a fresh server per
+  policy (eval/bench_arm.py). `--no-replay` runs only these.
 
 Every arm gets the same server arguments and the same offered trace; arms are isolated by a
 fresh server each and by per-arm cache namespaces (`extra_key`). A failed arm is recorded with
@@ -34,18 +42,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eval import cli
-from eval.arms_report import BASELINE, LiveArm, write_outputs
+from eval import bench_arm, cli
+from eval.arms_report import BASELINE, STOCK_FORK, LiveArm, write_outputs
 from radixflow_sglang import models
 from radixflow_sglang.core.policy import POLICIES
 from radixflow_sglang.testing.server import (
@@ -59,6 +68,8 @@ WORKLOAD_CHOICES = ("race", "quality", "mix", "synthetic")
 REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
 ORDER_CHOICES = ("forward", "reverse", "both")
 FORK_ARM = "radixflow-fork"
+FORK_ARMS = ((STOCK_FORK, BASELINE), (FORK_ARM, "radixflow"))  # (arm name, policy)
+FORK_NAMESPACE = "fork/"  # the prompt's tag line: "[fork/<workload namespace>]"
 SIM_DEFAULTS = {"alpha": 0.005, "beta": 2e-6, "gamma": 1e-4}  # adapter/simulated.py CostModel
 
 
@@ -78,7 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", type=cli.policies, default=list(POLICIES),
                    help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)")
     p.add_argument("--fork-arm", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run the SGLang frontend fork program against a radixflow server")
+                   help="also run the SGLang frontend fork program against a stock and a "
+                        "radixflow server (arms stock-fork, radixflow-fork)")
+    p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay the workload (the policies' arms and the fork arms); "
+                        "--no-replay runs only the --bench arms")
     p.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mix")
     p.add_argument("--regime", choices=REGIME_CHOICES, default="all")
     p.add_argument("--order", choices=ORDER_CHOICES, default="both")
@@ -99,7 +114,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=cli.positive(float), default=600.0)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--no-progress", action="store_true")
+    add_bench_args(p)
     return p
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    d = bench_arm.BenchShape()
+    g = p.add_argument_group("bench_serving arms (eval/bench_arm.py)")
+    g.add_argument("--bench", type=bench_arm.benches, default=[],
+                   help=f"comma-separated, from: {', '.join(bench_arm.BENCHES)} (default: none)")
+    g.add_argument("--bench-policies", type=cli.policies, default=[BASELINE, "radixflow"],
+                   help="one fresh server per policy runs every --bench (default: "
+                        "stock,radixflow)")
+    g.add_argument("--gsp-groups", type=cli.positive(int), default=d.groups,
+                   help="system prompt groups (default: %(default)s)")
+    g.add_argument("--gsp-prompts-per-group", type=cli.positive(int),
+                   default=d.prompts_per_group, help="requests per group (default: %(default)s)")
+    g.add_argument("--gsp-system-len", type=cli.positive(int), default=d.system_len,
+                   help="system prompt tokens (default: %(default)s; random-ids: prompt = "
+                        "system + question, groups x prompts requests)")
+    g.add_argument("--gsp-question-len", type=cli.positive(int), default=d.question_len,
+                   help="question tokens (default: %(default)s)")
+    g.add_argument("--bench-output-len", type=cli.positive(int), default=d.output_len,
+                   help="generated tokens per request (default: %(default)s)")
+    g.add_argument("--bench-rate", type=cli.positive(float), default=d.rate,
+                   help="requests/s, Poisson (default: inf = burst)")
+    g.add_argument("--bench-text", action="store_true",
+                   help="send text prompts (re-tokenized by the server) instead of exact ids")
+    g.add_argument("--bench-timeout", type=cli.positive(float),
+                   default=bench_arm.BENCH_TIMEOUT_S, help="seconds per bench_serving run")
+
+
+def bench_shape(args: argparse.Namespace) -> bench_arm.BenchShape:
+    return bench_arm.BenchShape(args.gsp_groups, args.gsp_prompts_per_group, args.gsp_system_len,
+                                args.gsp_question_len, args.bench_output_len, args.bench_rate,
+                                args.seed, not args.bench_text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,7 +188,7 @@ class ArmSpec:
 def arm_specs(policies: Sequence[str], fork_arm: bool) -> list[ArmSpec]:
     specs = [ArmSpec(p, p) for p in policies]
     if fork_arm:
-        specs.append(ArmSpec(FORK_ARM, "radixflow", fork=True))
+        specs += [ArmSpec(name, policy, fork=True) for name, policy in FORK_ARMS]
     return specs
 
 
@@ -180,6 +229,14 @@ def l_caps(segments, bud: Mapping[str, int | None]) -> dict[str, int]:
     return {s.name: capacity_bound(s, bud["rows"], bud["tokens"])[0] for s in segments}
 
 
+def namespace_prefix(spec: ArmSpec) -> str:
+    """The arm's cache namespace prefix: its own name for the ids arms (extra_key); one shared
+    tag for every fork arm, whose namespace is prompt text: each fork arm has its own server,
+    and with the same tag they send the same text, so their prompts, scheduled tokens and
+    outputs compare one to one."""
+    return FORK_NAMESPACE if spec.fork else f"{spec.name}/"
+
+
 def make_sender(spec: ArmSpec, base: str, pool: int, model: str):
     from eval import client
 
@@ -187,8 +244,8 @@ def make_sender(spec: ArmSpec, base: str, pool: int, model: str):
         from eval.workload import get_tokenizer
 
         return client.ForkSender(base, get_tokenizer(model).decode,
-                                 namespace_prefix=f"{spec.name}/")
-    return client.GenerateSender(base, pool=pool, namespace_prefix=f"{spec.name}/",
+                                 namespace_prefix=namespace_prefix(spec))
+    return client.GenerateSender(base, pool=pool, namespace_prefix=namespace_prefix(spec),
                                  rid_prefix=f"{spec.name}/")
 
 
@@ -234,6 +291,47 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
             arm.records = client.read_jsonl(raw_path)
     arm.wall_s = time.perf_counter() - t0
     return arm
+
+
+def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Namespace,
+                     common: list[str], port: int) -> list[bench_arm.BenchRun]:
+    """Every --bench against one fresh server of `policy`, in order. A run counts once the
+    server's idle memory check passed after it; a failure fails that run and the ones not yet
+    run on this server (recorded with the error, never filled in)."""
+    spec = ArmSpec(policy, policy)
+    out_dir = cfg.out / f"bench-{policy}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace_path, log = out_dir / "trace.jsonl", out_dir / "server.log"
+    trace_path.unlink(missing_ok=True)
+    cmd = server_cmd(spec, cfg.stock_cmd, [*common, "--port", str(port)], trace_path)
+    runs = [bench_arm.BenchRun(b, policy, server_command=shlex.join(cmd)) for b in cfg.bench]
+    done = 0
+    try:
+        with Server(cmd, server_env(), log, port) as srv:
+            srv.wait_ready(cfg.start_timeout)
+            for run in runs:
+                t0 = time.perf_counter()
+                mark = len(prefill_log_lines(log))
+                argv = bench_arm.bench_cmd(run.bench, shape, srv.base, cfg.model_dir,
+                                           out_dir / f"bench-{run.bench}.jsonl")
+                run.command = shlex.join(argv)
+                try:
+                    _, result, server = bench_arm.run_one(
+                        run.bench, shape, srv.base, cfg.model_dir, out_dir,
+                        lambda mark=mark: prefill_log_lines(log)[mark:],
+                        trace_path if spec.traced else None, cfg.bench_timeout)
+                    srv.idle_leak_check()
+                finally:
+                    run.wall_s = time.perf_counter() - t0
+                run.result, run.server = result, server
+                done += 1
+    except Exception as e:  # noqa: BLE001 - the runs fail with the error, never filled in
+        text = " ".join(f"{type(e).__name__}: {e}".split())[:2000]
+        for run in runs[done:]:
+            run.error, run.result, run.server = text, None, None
+    for run in runs:
+        _print_bench(run)
+    return runs
 
 
 PREFILL_LINE = re.compile(
@@ -287,23 +385,32 @@ def make_config(args: argparse.Namespace, gpu: bool, common: list[str]) -> dict[
            "order": args.order, "rate": args.rate, "questions": args.questions,
            "seed": args.seed, "pool": args.pool, "overlap": args.overlap,
            "stock_cmd": args.stock_cmd, "executor": "model" if gpu else "simulated",
-           "server_args": shlex.join(common), "data_dir": args.data_dir}
+           "server_args": shlex.join(common), "data_dir": args.data_dir,
+           "replay": args.replay, "bench": args.bench}
+    if args.bench:
+        shape = asdict(bench_shape(args))
+        shape["rate"] = "inf" if math.isinf(shape["rate"]) else shape["rate"]
+        cfg |= {"bench_policies": args.bench_policies, "bench_shape": shape}
     if not gpu:
         cfg["sim_cost"] = sim_cost()
     return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.replay and not args.bench:
+        parser.error("--no-replay needs --bench (choose from "
+                     f"{', '.join(bench_arm.BENCHES)}): nothing to run")
     from eval.workload import workload
     from radixflow_sglang.tokenizer import served_model_dir
 
     gpu = gpu_available()
     args.stock_cmd = args.stock_cmd or ("sglang" if gpu else "radixflow")
     try:
-        segments = workload(args.workload, args.model, regime=args.regime, order=args.order,
-                            questions=args.questions, rate=args.rate, seed=args.seed,
-                            data_dir=args.data_dir)
+        segments = (workload(args.workload, args.model, regime=args.regime, order=args.order,
+                             questions=args.questions, rate=args.rate, seed=args.seed,
+                             data_dir=args.data_dir) if args.replay else [])
         args.model_dir = (args.model_dir or served_model_dir(args.model)).resolve()
     except (OSError, ValueError) as e:
         print(f"python -m eval.run_arms: error: cannot build the workload: {e}", file=sys.stderr)
@@ -314,16 +421,25 @@ def main(argv: list[str] | None = None) -> int:
     common += shlex.split(args.server_args)
     config = make_config(args, gpu, common)
     t0 = time.perf_counter()
+    ports = iter(range(args.port_base, 1 << 16)) if args.port_base is not None else None
     arms: dict[str, LiveArm] = {}
-    for i, spec in enumerate(arm_specs(args.policies, args.fork_arm)):
-        port = args.port_base + i if args.port_base is not None else free_port()
-        arm = arms[spec.name] = run_arm(spec, segments, args, common, port)
+    for spec in arm_specs(args.policies, args.fork_arm) if args.replay else []:
+        arm = arms[spec.name] = run_arm(spec, segments, args, common, _port(ports))
         _print_arm(arm)
+    shape = bench_shape(args)
+    runs = [r for policy in (args.bench_policies if args.bench else [])
+            for r in run_bench_policy(policy, shape, args, common, _port(ports))]
     total = time.perf_counter() - t0
-    write_outputs(args.out, config, arms, total)
+    write_outputs(args.out, config, arms, total,
+                  bench=bench_arm.summary(runs, shape) if runs else None)
     print(f"wrote {args.out}/summary.json and {args.out}/report.md ({total:.1f}s wall)",
           file=sys.stderr)
-    return 0 if all(a.ok for a in arms.values()) else 1
+    return 0 if all(a.ok for a in arms.values()) and all(r.ok for r in runs) else 1
+
+
+def _port(ports) -> int:
+    """The next of PORT_BASE, PORT_BASE + 1, ... (--port-base), else a free port."""
+    return next(ports) if ports is not None else free_port()
 
 
 def _print_arm(arm: LiveArm) -> None:
@@ -334,6 +450,18 @@ def _print_arm(arm: LiveArm) -> None:
               f"p95={m['latency_p95_s']:.4f}s ({arm.wall_s:.1f}s wall)", file=sys.stderr)
     else:
         print(f"[{arm.name}] FAILED: {arm.error_detail}", file=sys.stderr)
+
+
+def _print_bench(run: bench_arm.BenchRun) -> None:
+    name = f"[bench {run.bench} / {run.policy}]"
+    if not run.ok:
+        print(f"{name} FAILED: {run.error}", file=sys.stderr)
+        return
+    r, s = run.result, run.server
+    print(f"{name} completed={r['completed']} sched={s['scheduled_tokens_sglang_log']} "
+          f"rounds={s['rounds_sglang_log']} e2e_mean={r['mean_e2e_latency_ms']:.1f}ms "
+          f"ttft_mean={r['mean_ttft_ms']:.1f}ms thr={r['request_throughput']:.2f}req/s "
+          f"({run.wall_s:.1f}s wall)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Live replay client (eval/client.py), arms driver (eval/run_arms.py), calibration
 (eval/calibrate.py): fast unit tests on fake records and traces, and one slow end-to-end run
-of three real servers (stock, radixflow, the frontend fork arm)."""
+of four real servers (stock, radixflow, and the frontend fork program against a stock and a
+radixflow server)."""
 
 from __future__ import annotations
 
@@ -197,7 +198,7 @@ def test_run_arms_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-6000:]
     summary = json.loads((out / "summary.json").read_text())
     arms = summary["arms"]
-    assert set(arms) == {"stock", "radixflow", "radixflow-fork"}
+    assert set(arms) == {"stock", "radixflow", "stock-fork", "radixflow-fork"}
     for name, m in arms.items():
         assert not m.get("failed"), (name, m.get("error"))
         missing = [k for k in METRIC_KEYS if k not in m]
@@ -207,6 +208,15 @@ def test_run_arms_end_to_end(tmp_path):
     assert arms["stock"]["rounds_source"] == "sglang log"
     assert arms["stock"]["rounds"] == arms["stock"]["rounds_sglang_log"] > 0
     assert arms["radixflow"]["rounds"] > 0 and arms["radixflow-fork"]["rounds"] > 0
+    # the same frontend program against a stock server: counted from SGLang's log, compared
+    assert arms["stock-fork"]["rounds_source"] == "sglang log"
+    assert arms["stock-fork"]["scheduled_tokens_sglang_log"] > 0
+    vs = arms["radixflow-fork"]["vs_stock_fork"]
+    assert vs["scheduled_tokens_sglang_log"] == pytest.approx(
+        arms["radixflow-fork"]["scheduled_tokens_sglang_log"]
+        / arms["stock-fork"]["scheduled_tokens_sglang_log"])
+    fork_aud = summary["audit_fork"]["arms"]["radixflow-fork"]
+    assert fork_aud["compared"] == 96 and fork_aud["agreed"] == 96  # same text, same tokens
     # NOTE: no cross-arm reuse comparison here: live arrivals make it timing-dependent (the
     # arms' ratios are eval/run_arms.py's report); each arm's count must match its own records
     for name in arms:
@@ -217,7 +227,8 @@ def test_run_arms_end_to_end(tmp_path):
     aud = summary["audit"]["arms"]["radixflow"]
     assert aud["compared"] == 96 and aud["agreed"] == 96  # same ids, deterministic executor
     assert (out / "report.md").exists() and (out / "audit.json").exists()
-    assert "Table 1" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Table 1" in report and "## Frontend program: stock-fork vs radixflow-fork" in report
     assert summary["config"]["stock_cmd"] in ("sglang", "radixflow")
     assert math.isfinite(arms["radixflow"]["latency_mean_s"])
     for name in arms:
