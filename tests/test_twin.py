@@ -401,3 +401,18 @@ def test_retraction_re_prefills_and_is_counted():
     assert m["scheduled_tokens"] - m["reprefill_tokens"] + m["hit_tokens"] == m["input_tokens"]
     assert m["leaked_kv_slots"] == 0 and m["leaked_mamba_slots"] == 0
     assert len(res.questions) == 14 and all(q.completion_s > 0 for q in res.questions)
+
+
+def test_a_decode_step_costs_the_same_host_time_under_every_policy():
+    """The host model charges decode steps SGLang's own (stock) coefficients: the traversal
+    fit's negative intercept made radixflow's decode steps free while stock paid 1.5 ms."""
+    from eval.hostcost import DEFAULT_HOST
+
+    hosts = {}
+    for policy in ("stock", "radixflow"):
+        res = twin.run_arm(turns(), MODEL, policy, cost=decode_cost(), host=DEFAULT_HOST)
+        assert res.ok, res.error
+        hosts[policy] = [r.host_s for r in res.decode_rounds]
+        assert hosts[policy] and min(hosts[policy]) > 0
+    assert hosts["radixflow"] == pytest.approx(hosts["stock"])
+    assert hosts["stock"][0] == pytest.approx(DEFAULT_HOST.native.s0, abs=1e-5)
