@@ -356,16 +356,18 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for p, d in doc["policies"].items():
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (p, d) in enumerate(doc["policies"].items()):
+        color = cycle[i % len(cycle)]  # NOTE: one colour per policy in every panel
         pts = [pt for pt in d["points"] if not pt.get("failed")]
         x = [pt["rate"] for pt in pts]
         for ax, key in zip(axes[:2], ("latency_mean_s", "latency_p95_s"), strict=True):
-            (line,) = ax.plot(x, [pt[key] for pt in pts], marker="o", label=p)
+            ax.plot(x, [pt[key] for pt in pts], marker="o", label=p, color=color)
             if d["max_rate"] is not None:
-                ax.axvline(d["max_rate"], color=line.get_color(), ls=":", lw=1)
+                ax.axvline(d["max_rate"], color=color, ls=":", lw=1)
         tv = [(pt["rate"], pt["tokens_vs_stock"]) for pt in pts if pt["tokens_vs_stock"]]
         if tv and p != "stock":
-            axes[2].plot(*zip(*tv, strict=True), marker="o", label=p)
+            axes[2].plot(*zip(*tv, strict=True), marker="o", label=p, color=color)
     for ax, title in zip(axes, ("mean latency (s)", "p95 latency (s)",
                                 "scheduled prefill tokens / stock"), strict=True):
         ax.set_xscale("log")
