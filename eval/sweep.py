@@ -63,7 +63,7 @@ QUICK = {"workload": "synthetic", "model": "qwen3.5-0.8b", "questions": 16,
          "rates": (1.0, 4.0, 16.0, 64.0), "refine": 0}
 POINT_KEYS = ("latency_mean_s", "latency_p50_s", "latency_p95_s", "latency_p99_s",
               "scheduled_tokens", "rounds", "blocked", "recomputed", "released_by_bound",
-              "forks", "busy_s", "makespan_s")
+              "forks", "busy_s", "makespan_s", "host_s")
 
 
 @dataclass(frozen=True)
