@@ -3,6 +3,13 @@
     h(round) = s0 + s1 * queued + s2 * rows
 
 `queued` counts the requests waiting when the scan began, `rows` the requests the round runs.
+For the traversal's scan `queued` is the requests it visited (ScanTiming.visited): its per-
+request cost is the probe of each request it visits, and a scan stops at the first full budget
+or row limit, so under load it visits a fraction of the queue (mix, qwen3.5-4b, 300 questions,
+20 q/s: 13 of 96 queued per round, measured 15 ms per scan). At the fit's load the traversal
+visited every queued request (43 rounds: visited == queued in each), so the coefficients
+below are per visited request; charged per queued request they extrapolated to ~0.1-0.5 s per
+scan under overload, 30x the kit's measured scan time (issue 12).
 The time covers SGLang's prefill scan and batch preparation (`get_new_batch_prefill` with its
 `prepare_for_extend`), which is what `Kit.step` times: the kit runs the real scan code, so its
 process CPU time per scan is this machine's measurement of that work. Coefficients differ by
@@ -44,7 +51,7 @@ HOST_CHOICES = ("model", "measured", "none")
 @dataclass(frozen=True)
 class HostCoef:
     s0: float  # s per launched round
-    s1: float  # s per queued request at the scan
+    s1: float  # s per queued request at the scan (the traversal: per visited request)
     s2: float  # s per row of the round
 
     def __call__(self, queued: int, rows: int) -> float:
@@ -68,6 +75,8 @@ class HostCost:
         coef = self.for_policy(policy)
         if self.measured:
             return lambda _rnd, scan: scan.cpu_s
+        if coef is self.traversal:
+            return lambda rnd, scan: coef(_visited(scan), len(rnd.rids))
         return lambda rnd, scan: coef(scan.queued, len(rnd.rids))
 
     def fixed(self, cost: Any, rows: int) -> float:
@@ -79,6 +88,12 @@ class HostCost:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _visited(scan: Any) -> int:
+    """Requests the traversal's scan visited (the queue where the kit did not say)."""
+    visited = getattr(scan, "visited", None)
+    return scan.queued if visited is None else visited
 
 
 def _traverses(policy: str) -> bool:
@@ -131,8 +146,9 @@ def fit(model: str = "qwen3.5-4b", questions: int = 10, data_dir: str | None = N
     for kind, policy in (("native", "stock"), ("traversal", "radixflow")):
         rec: list[tuple[int, int, float]] = []
 
-        def record(rnd: Any, scan: Any, rec: list = rec) -> float:
-            rec.append((scan.queued, len(rnd.rids), scan.cpu_s))
+        def record(rnd: Any, scan: Any, rec: list = rec, kind: str = kind) -> float:
+            n = _visited(scan) if kind == "traversal" else scan.queued
+            rec.append((n, len(rnd.rids), scan.cpu_s))
             return 0.0
 
         twin.replay(segs, model, policy, host=record)

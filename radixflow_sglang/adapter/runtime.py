@@ -94,6 +94,7 @@ class RadixFlowRuntime:
         self.frag_deferred: dict[str, int] = {}
         self.metrics = metrics
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
+        self._chunk: tuple = (None, None)  # (sched.chunked_req, adder) at begin_scan
         self._seq = 0  # registration order
         self._held_since_round = 0
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
@@ -131,12 +132,28 @@ class RadixFlowRuntime:
         if self._no_buffer_fork_possible(sched, adder):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
         self._fork_chunk = None
+        self._chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
         self.stats = self.traversal.begin_round(self._inflight(sched), slots)
         self.stats.t_start = self.clock()
 
     def chunk_continued(self, sched: Scheduler, req: Req | None) -> None:
-        if req is not None and self.traversal is not None and req.extend_end > req.prefix_len:
-            self.traversal.admitted(self._producer(req, movable=False))
+        """The continuing chunked request's chunk publishes too. NOTE: `req` is what
+        `PrefillAdder.add_chunked_req` returned, None when this chunk ends the request's
+        prefill: that last chunk, the one that reaches a long shared prefix's end, is the
+        request begin_scan saw as `sched.chunked_req`, admitted when it is in can_run_list."""
+        chunk, adder = self._chunk
+        self._chunk = (None, None)
+        req = req if req is not None else chunk
+        if req is None or self.traversal is None or req.extend_end is None:
+            return
+        if req.extend_end > req.prefix_len and any(r is req for r in adder.can_run_list):
+            # NOTE: its batch is not prepared yet, so extra_buffer can still move its publish
+            # depth to a fork (mamba_branching_seqlen, relative to the chunk's own prefix);
+            # a no_buffer chunk already holds SGLang's one chunk slot: never cut again.
+            movable = self.grid.layout is Layout.EXTRA_BUFFER
+            if movable:
+                self._scan_reqs[req.rid] = req
+            self.traversal.admitted(self._producer(req, movable=movable))
 
     def park(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         self._register(req)

@@ -310,6 +310,7 @@ class ScanTiming:
 
     queued: int  # waiting requests when the scan began
     cpu_s: float  # process CPU time of the scan (checkpoint of a chunk + prefill scan)
+    visited: int | None = None  # requests our runtime's scan visited (None: SGLang's own)
 
 
 @dataclass
@@ -437,7 +438,8 @@ class Kit:
         queued = len(s.waiting_queue)
         t = time.process_time()
         batch = self.next_batch()
-        self.last_scan = ScanTiming(queued, time.process_time() - t)
+        visited = self.runtime.stats.visited if self.runtime is not None else None
+        self.last_scan = ScanTiming(queued, time.process_time() - t, visited)
         if self.on_scan is not None:
             self.on_scan(self.last_scan)
         rnd = None
