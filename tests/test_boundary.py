@@ -196,7 +196,7 @@ def test_fork_prefix_request_is_its_own_boundary(layout):
     prefix = list(range(5000, 5000 + 3 * G + 10))
     kit = make("radixflow", "declared", layout)
     pre = kit.req("prefix", prefix, max_new_tokens=0)
-    assert declared_boundary(pre) == len(prefix)
+    assert declared_boundary(pre) == len(prefix) - 1  # NOTE: identical copies match len - 1
     kit.submit(pre)
     kit.drain()
     want = len(prefix) // G * G if layout == "extra_buffer" else len(prefix)
@@ -204,6 +204,24 @@ def test_fork_prefix_request_is_its_own_boundary(layout):
         cached, _ = run_one(kit, f"b{k}", prefix + [70 + k] * (G + 3))
         assert cached == want
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_n_sampling_warm_request_serves_its_identical_copies():
+    """SGLang's `n > 1` path: a max_new_tokens=0 request, then n copies of the same prompt
+    (#22935). A grid-aligned prompt's native state lies at its full length, which a copy cannot
+    match (SGLang computes at least one token): stock's copies get nothing; the warm request
+    publishes at the grid floor of len - 1 instead, and every copy hits there."""
+    G = grid_of()
+    prompt = list(range(6000, 6000 + 4 * G))
+    got = {}
+    for policy in ("stock", "radixflow"):
+        kit = make(policy, "declared", "extra_buffer")
+        kit.submit(kit.req("warm", prompt, max_new_tokens=0))
+        kit.drain()
+        got[policy] = [run_one(kit, f"c{k}", prompt)[0] for k in range(3)]
+        assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+    assert got["stock"][0] == 0
+    assert got["radixflow"] == [3 * G] * 3
 
 
 # --- declared: the system message of a chat template ---------------------------------------------

@@ -54,7 +54,9 @@ def declared_boundary(req: Req) -> int | None:
         if isinstance(b, int) and not isinstance(b, bool) and b > 0:
             return b
     if getattr(sp, "max_new_tokens", None) == 0:
-        return len(req.origin_input_ids)  # NOTE: a frontend fork's prefix / n>1 warm-up
+        # NOTE: a frontend fork's prefix / n>1 warm-up; its identical copies match at most
+        # len - 1 tokens (SGLang keeps one token to compute), so the state must lie below len
+        return len(req.origin_input_ids) - 1 or None
     return None
 
 
