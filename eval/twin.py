@@ -350,6 +350,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     if rt is not None:
         rt.use_prior(default_cost(model))  # NOTE: what a server derives; the fit learns `cost`
         gpu = _observed(gpu, rt)
+        gpu(_warmup_round())  # NOTE: measured before serving: takes no virtual time
     loop = VirtualLoop(kit, gpu, host=host,
                        clock=clock, on_launch=launched, on_complete=completed,
                        on_forward=on_forward, label=policy)
@@ -393,6 +394,15 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         result.metrics["host_s"] = loop.host_s
     result.wall_s = time.perf_counter() - t_wall
     return result
+
+
+def _warmup_round(tokens: int = 16):
+    """SGLang's server warmup (entrypoints/http_server.py `_execute_server_warmup`): one short
+    prefill before the first request, whose forward a server's round-cost fit measures."""
+    from radixflow_sglang.testing.kit import Round
+
+    w = "warmup"
+    return Round(-1, [w], {w: tokens}, {w: 0}, {w: None}, None)
 
 
 def _observed(gpu, rt):

@@ -170,6 +170,82 @@ def test_estimator_ignores_outliers():
         assert getattr(dirty.coeffs, f) == pytest.approx(getattr(clean.coeffs, f), rel=0.05)
 
 
+def test_estimator_learns_a_wrong_priors_level_from_its_third_forward_and_keeps_the_first():
+    """Prior alpha 8 ms, true 100 ms: the first forwards all miss by > 10x. A server measures
+    SGLang's warmup prefill (16 tokens, 1 row: almost pure alpha), then rounds of one shape.
+    The level shift is accepted once 3 residuals vouch for it, and the forwards rejected
+    before are fed then (the warmup pins alpha, so a 1-row round is predicted too)."""
+    true = CostCoeffs(0.1, 1.6e-5, 1e-3)
+    est = RoundCostEstimator(GENERIC_PRIOR)
+    assert est.observe(1, 16, true(1, 16)) is False  # a lone miss: rejected, held
+    for _ in range(2):
+        assert est.observe(4, 1400, true(4, 1400)) is False
+    assert est.observe(4, 1400, true(4, 1400)) is True
+    assert est.rejected == 0  # the three held forwards were fed with it
+    assert est.predict(1, 70) == pytest.approx(true(1, 70), rel=0.4)  # was the prior: 8 ms
+    assert est.predict(4, 1400) == pytest.approx(true(4, 1400), rel=0.1)
+
+
+def test_a_lone_first_outlier_is_never_fed():
+    clean, dirty = RoundCostEstimator(GENERIC_PRIOR), RoundCostEstimator(GENERIC_PRIOR)
+    assert not dirty.observe(1, 16, 5.0)  # the first forward stalls (a capture, a JIT)
+    for r in rounds(40, seed=6):
+        clean.observe(*r)
+        dirty.observe(*r)
+    assert dirty.rejected >= 1
+    assert dirty.coeffs.alpha == pytest.approx(clean.coeffs.alpha, rel=0.05)
+    assert dirty.coeffs.beta == pytest.approx(clean.coeffs.beta, rel=0.05)
+
+
+def test_the_fit_is_trusted_only_while_it_predicts_the_measured_forwards():
+    est = RoundCostEstimator(GENERIC_PRIOR)
+    assert est.trusted  # no measurement yet: the prior decides
+    assert est.observe(4, 1000, GENERIC_PRIOR(4, 1000) * 1.1)
+    assert est.trusted  # within a factor 1.5
+    est.observe(1, 16, 0.1)  # a 12x miss ...
+    assert est.trusted  # ... once is a stall: the median of the last 3 still predicts
+    est.observe(4, 1400, 0.12)
+    assert not est.trusted  # twice: the prior is wrong, the rule goes native
+    for _ in range(6):
+        est.observe(4, 1400, 0.12)
+        est.observe(1, 300, 0.105)
+    assert est.trusted  # learnt
+    assert est.as_dict()["trusted"] is True
+
+
+def test_an_untrusted_fit_parks_nothing():
+    t, c = blocked_setup(cost_aware=True)
+    b = t.classify(c)
+    assert b is not None
+    assert t.decide(c, b, view(), QWEN_4B).wait  # a long gain waits ...
+    v = t.decide(c, b, view(), QWEN_4B, trusted=False)
+    assert not v.wait  # ... but not on a fit that mispredicts the forwards
+
+
+def test_a_wait_decided_over_two_rounds_is_kept_on_its_second_visit():
+    """Overlap: a consumer of a producer admitted in this scan waits 2 rounds. Its next visit
+    (producer in flight) keeps the wait; re-deciding on the remaining round alone split the
+    siblings (one parked, two recomputed: the question waited for both, 1.36x stock on
+    nemotron-9b race, alpha 25 ms)."""
+    c_mid = CostCoeffs(0.1, QWEN_4B.beta, QWEN_4B.gamma)
+    queue_deep, queue_short = view(behind=40), view(rows=0, behind=1)
+    t, c = blocked_setup(cost_aware=True, overlap=True)
+    b = t.classify(c)
+    first = t.decide(c, b, queue_deep, c_mid)
+    assert first.wait and t.park(c, b)
+    p = t.index.get(b.producer)
+    t.begin_round([p], fork_slots=0)  # the producer is in flight now
+    b2 = t.classify(c)
+    assert b2 is not None and b2.producer == b.producer
+    other = Candidate("c2", "ns", c.tokens, 0, c.max_prefix)
+    fresh = t.decide(other, t.classify(other), queue_short, c_mid)
+    assert not fresh.wait  # a fresh decision on this round's view would recompute
+    assert t.decide(c, b2, queue_short, c_mid).wait  # the committed wait is kept
+    t.begin_round([], fork_slots=0)  # published: a later round decides afresh
+    t.admitted(Producer("p", "ns", list(range(5000)), 0, 5000, 4096, False))
+    assert not t.decide(c, t.classify(c), queue_short, c_mid).wait
+
+
 def test_estimator_without_observations_of_a_direction_keeps_the_prior_there():
     est = RoundCostEstimator(QWEN_4B)
     for _ in range(50):
