@@ -470,3 +470,18 @@ def test_server_prior_reads_the_hf_config_object_sglang_holds(model):
     prior = scheduler_prior(sched)
     assert prior.source == f"prior:{model}"  # not the generic fallback
     assert prior.beta == pytest.approx(default_cost(model).beta, rel=0.1)
+
+
+def test_kit_overlap_siblings_that_wait_two_rounds_run_together(make_kit):
+    """SGLang's real scan under overlap (nemotron-9b, a 300-token document, 4 branches): the
+    three consumers wait 2 rounds for the first branch; their second visit used to re-decide
+    on the one round left and split them (two recomputed, one ran alone a round later)."""
+    k = make_kit("nemotron-9b", "extra_buffer", "traversal", overlap=True)
+    k.runtime.use_prior(CostCoeffs(0.02, 4e-5, 9e-5, 1e-10))
+    doc = list(range(1000, 1300))
+    k.submit(*[k.req(f"b{i}", doc + list(range(90_000 + 40 * i, 90_000 + 40 * i + 90)))
+               for i in range(4)])
+    rounds = [sorted(r.rids) for r in k.drain()]
+    assert rounds == [["b0"], ["b1", "b2", "b3"]]
+    assert k.runtime.totals.recomputed == 0
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
