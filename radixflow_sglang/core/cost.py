@@ -94,8 +94,10 @@ class RoundCostEstimator:
     observations in the same order give the same fit.
 
     `trusted`: the fit predicted the recent forwards (median over the last `settle`) within a
-    factor `1 + trust`; a decision that reads the fit falls back to native handling while it
-    does not (a wrong prior being learnt). Before any measured forward the prior is trusted.
+    factor `1 + trust`. `decision_coeffs` is what a decision reads: the fit while trusted,
+    else the fit with alpha moved by the median residual of those forwards (a wrong prior's
+    level is known from the first measured forward, before the fit has learnt it). Before any
+    measured forward: the prior.
     """
 
     def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 1.0, forget: float = 0.998,
@@ -107,6 +109,7 @@ class RoundCostEstimator:
         self.reject_k, self.huber_k = reject, huber
         self.settle, self.trust = settle, trust
         self._miss: deque[float] = deque(maxlen=settle)  # |log(measured / predicted)|
+        self._err: deque[float] = deque(maxlen=settle)  # measured - predicted (s)
         # NOTE: the rejected forwards since the last accepted one (a level shift's first ones)
         self._held: deque[tuple[list[float], float]] = deque(maxlen=max(settle, 1))
         self._t0 = [prior.alpha * _SCALE[0], prior.beta * _SCALE[1], prior.gamma * _SCALE[2],
@@ -136,6 +139,16 @@ class RoundCostEstimator:
             return True
         return sorted(self._miss)[(len(self._miss) - 1) // 2] <= math.log1p(self.trust)
 
+    @property
+    def decision_coeffs(self) -> CostCoeffs:
+        """The fit, level-corrected while it mispredicts the recent forwards (class docstring)."""
+        c = self.coeffs
+        if self.trusted:
+            return c
+        shift = sorted(self._err)[(len(self._err) - 1) // 2]
+        return CostCoeffs(max(0.0, c.alpha + shift), c.beta, c.gamma, c.delta,
+                          c.source + "+level")
+
     def sigma(self, predicted: float) -> float:
         # NOTE: floor relative to the prediction: a noiseless source (the twin) must not reject
         # float rounding; before `settle` residuals, a quarter of the prediction (a lone first
@@ -158,6 +171,7 @@ class RoundCostEstimator:
         sig = self.sigma(max(pred, 0.0))
         self._resid.append(abs(r))
         self._miss.append(abs(math.log(max(seconds, 1e-9) / max(pred, 1e-9))))
+        self._err.append(r)
         if abs(r) > self.reject_k * sig:
             self.rejected += 1
             self._held.append((x, seconds))

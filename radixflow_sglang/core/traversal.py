@@ -14,7 +14,6 @@ waiting adds less summed latency than recomputing its gain now (`decide`, core/c
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -120,20 +119,16 @@ class Traversal:
             return None
         return Blocking(p.rid, depth, c.ready, fork)
 
-    def decide(self, c: Candidate, b: Blocking, view: RoundView, cost: CostCoeffs,
-               trusted: bool = True) -> Verdict:
+    def decide(self, c: Candidate, b: Blocking, view: RoundView, cost: CostCoeffs) -> Verdict:
         """Cost-aware rule: does waiting for `b` add less summed latency than recomputing?
 
         An in-flight producer publishes after this round (lag 1); one admitted in this scan
         after `cfg.lag` rounds. A wait decided over 2 rounds (overlap) is kept on its second
         visit to the same producer: its cost was counted whole, and re-deciding on the rest
         alone splits siblings (some park, some recompute: their question waits for both).
-        Native (no wait) while the cost fit is not `trusted`. Always True without
-        `cost_aware`. Records only the 2-round waits it decides."""
+        Always True without `cost_aware`. Records only the 2-round waits it decides."""
         if not self.cfg.cost_aware:
             return Verdict(True, 0.0, 0.0)
-        if not trusted:
-            return Verdict(False, math.nan, math.nan)
         if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
             return Verdict(True, 0.0, 0.0)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
