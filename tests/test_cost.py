@@ -68,6 +68,19 @@ def test_more_requests_behind_make_recomputing_dearer():
     assert many.recompute_s == pytest.approx(few.recompute_s * (1 + 40) / (1 + 2))
 
 
+def test_a_candidate_the_budget_left_cannot_take_whole_finishes_a_round_later_anyway():
+    """qwen3.5-0.8b, alpha 100 ms, a 6,300-token document and 1,900 tokens left in the round:
+    recomputing chunks the candidate, so it finishes with its rest next round, as it would
+    after the wait (traced at alpha 50: the old rule recomputed there, 0.92x -> 1.09x stock
+    on quality no_buffer)."""
+    c = CostCoeffs(0.1, 2.8e-6, 1.1e-4)
+    case = WaitCase(ready=0, depth=6272, length=6317, lag=1)
+    tight = view(budget_left=1886, demand_after=12_635, mean_extend=6314.0, rows_left=15)
+    assert wait_wins(c, case, tight).wait
+    room = view(budget_left=8000, demand_after=0, mean_extend=6314.0, rows_left=15)
+    assert not wait_wins(c, case, room).wait  # it fits: recomputing 6 k cheap tokens wins
+
+
 def test_overlap_lag_counts_the_round_in_between_only_when_it_runs_work():
     c = CostCoeffs(0.02, QWEN_4B.beta, QWEN_4B.gamma)
     case1, case2 = WaitCase(0, 1024, 1100, 1), WaitCase(0, 1024, 1100, 2)

@@ -280,4 +280,10 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         backfill = min(case.cut_rest, overflow) / max(v.mean_extend, 1.0)
         wait_s += max(nxt * (1.0 - backfill), 0.0)
     recompute_s = extra * (v.rows + v.behind) + displaced * nxt
+    rest = e - v.budget_left
+    if rest > 0:
+        # NOTE: it does not fit what is left of the budget: recomputing chunks it, and it
+        # finishes only with its rest, one round later per budget's worth (its own rounds),
+        # which are longer than the round it would join after the wait.
+        recompute_s += math.ceil(rest / max(v.token_budget, 1)) * nxt + c.beta * max(rest - e2, 0)
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
