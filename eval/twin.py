@@ -428,6 +428,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     if rt is not None:
         rt.use_prior(default_cost(model))  # NOTE: what a server derives; the fit learns `cost`
         prefill = _observed(prefill, rt)
+        prefill(_warmup_round())  # NOTE: measured before serving: takes no virtual time
 
     def gpu_s(rnd) -> float:
         return cost.step(rnd) if rnd.mode == "decode" else prefill(rnd)
@@ -515,6 +516,15 @@ def _per_mode(prefill, decode):
     step cost 0 under radixflow but 1.5 ms under stock (multi-turn: 0.73x stock's latency on
     equal rounds, tokens and decode work; 1.00x without a host model)."""
     return lambda rnd, scan: (prefill if rnd.mode == "prefill" else decode)(rnd, scan)
+
+
+def _warmup_round(tokens: int = 16):
+    """SGLang's server warmup (entrypoints/http_server.py `_execute_server_warmup`): one short
+    prefill before the first request, whose forward a server's round-cost fit measures."""
+    from radixflow_sglang.testing.kit import Round
+
+    w = "warmup"
+    return Round(-1, [w], {w: tokens}, {w: 0}, {w: None}, None)
 
 
 def _observed(gpu, rt):

@@ -68,6 +68,19 @@ def test_more_requests_behind_make_recomputing_dearer():
     assert many.recompute_s == pytest.approx(few.recompute_s * (1 + 40) / (1 + 2))
 
 
+def test_a_candidate_the_budget_left_cannot_take_whole_finishes_a_round_later_anyway():
+    """qwen3.5-0.8b, alpha 100 ms, a 6,300-token document and 1,900 tokens left in the round:
+    recomputing chunks the candidate, so it finishes with its rest next round, as it would
+    after the wait (traced at alpha 50: the old rule recomputed there, 0.92x -> 1.09x stock
+    on quality no_buffer)."""
+    c = CostCoeffs(0.1, 2.8e-6, 1.1e-4)
+    case = WaitCase(ready=0, depth=6272, length=6317, lag=1)
+    tight = view(budget_left=1886, demand_after=12_635, mean_extend=6314.0, rows_left=15)
+    assert wait_wins(c, case, tight).wait
+    room = view(budget_left=8000, demand_after=0, mean_extend=6314.0, rows_left=15)
+    assert not wait_wins(c, case, room).wait  # it fits: recomputing 6 k cheap tokens wins
+
+
 def test_overlap_lag_counts_the_round_in_between_only_when_it_runs_work():
     c = CostCoeffs(0.02, QWEN_4B.beta, QWEN_4B.gamma)
     case1, case2 = WaitCase(0, 1024, 1100, 1), WaitCase(0, 1024, 1100, 2)
@@ -168,6 +181,93 @@ def test_estimator_ignores_outliers():
     assert close(dirty.coeffs, 0.1)
     for f in ("alpha", "beta"):
         assert getattr(dirty.coeffs, f) == pytest.approx(getattr(clean.coeffs, f), rel=0.05)
+
+
+def test_estimator_learns_a_wrong_priors_level_from_its_third_forward_and_keeps_the_first():
+    """Prior alpha 8 ms, true 100 ms: the first forwards all miss by > 10x. A server measures
+    SGLang's warmup prefill (16 tokens, 1 row: almost pure alpha), then rounds of one shape.
+    The level shift is accepted once 3 residuals vouch for it, and the forwards rejected
+    before are fed then (the warmup pins alpha, so a 1-row round is predicted too)."""
+    true = CostCoeffs(0.1, 1.6e-5, 1e-3)
+    est = RoundCostEstimator(GENERIC_PRIOR)
+    assert est.observe(1, 16, true(1, 16)) is False  # a lone miss: rejected, held
+    for _ in range(2):
+        assert est.observe(4, 1400, true(4, 1400)) is False
+    assert est.observe(4, 1400, true(4, 1400)) is True
+    assert est.rejected == 0  # the three held forwards were fed with it
+    assert est.predict(1, 70) == pytest.approx(true(1, 70), rel=0.4)  # was the prior: 8 ms
+    assert est.predict(4, 1400) == pytest.approx(true(4, 1400), rel=0.1)
+
+
+def test_a_lone_first_outlier_is_never_fed():
+    clean, dirty = RoundCostEstimator(GENERIC_PRIOR), RoundCostEstimator(GENERIC_PRIOR)
+    assert not dirty.observe(1, 16, 5.0)  # the first forward stalls (a capture, a JIT)
+    for r in rounds(40, seed=6):
+        clean.observe(*r)
+        dirty.observe(*r)
+    assert dirty.rejected >= 1
+    assert dirty.coeffs.alpha == pytest.approx(clean.coeffs.alpha, rel=0.05)
+    assert dirty.coeffs.beta == pytest.approx(clean.coeffs.beta, rel=0.05)
+
+
+def test_the_fit_is_trusted_only_while_it_predicts_the_measured_forwards():
+    est = RoundCostEstimator(GENERIC_PRIOR)
+    assert est.trusted  # no measurement yet: the prior decides
+    assert est.observe(4, 1000, GENERIC_PRIOR(4, 1000) * 1.1)
+    assert est.trusted  # within a factor 1.5
+    est.observe(1, 16, 0.1)  # a 12x miss ...
+    assert est.trusted  # ... once is a stall: the median of the last 3 still predicts
+    est.observe(4, 1400, 0.12)
+    assert not est.trusted  # twice: the prior is wrong, the rule goes native
+    for _ in range(6):
+        est.observe(4, 1400, 0.12)
+        est.observe(1, 300, 0.105)
+    assert est.trusted  # learnt
+    assert est.as_dict()["trusted"] is True
+
+
+def test_a_mispredicting_fit_decides_on_its_measured_level():
+    """Prior alpha 8 ms; SGLang's warmup prefill measures 100 ms. The fit holds that lone miss
+    (it may be a stall), but the decision reads the level it measured: a short shared document
+    then goes native (a 100 ms round for a 5 ms recompute), a long one still waits."""
+    est = RoundCostEstimator(GENERIC_PRIOR)
+    assert est.decision_coeffs == est.coeffs == GENERIC_PRIOR  # nothing measured: the prior
+    short, long_ = WaitCase(0, 320, 360, 1), WaitCase(0, 4992, 5100, 1)
+    assert wait_wins(est.decision_coeffs, short, view()).wait  # the prior would wait
+    assert not est.observe(1, 16, 0.1)
+    assert not est.trusted and est.coeffs.alpha == GENERIC_PRIOR.alpha
+    level = est.decision_coeffs
+    assert level.alpha == pytest.approx(0.1, rel=0.05)
+    assert not wait_wins(level, short, view()).wait
+    assert wait_wins(level, long_, view()).wait
+    for _ in range(8):  # learnt: the fit itself predicts, no correction
+        est.observe(1, 16, 0.1)
+        est.observe(4, 1400, 0.1 + 1.7e-5 * 1400)
+    assert est.trusted and est.decision_coeffs == est.coeffs
+
+
+def test_a_wait_decided_over_two_rounds_is_kept_on_its_second_visit():
+    """Overlap: a consumer of a producer admitted in this scan waits 2 rounds. Its next visit
+    (producer in flight) keeps the wait; re-deciding on the remaining round alone split the
+    siblings (one parked, two recomputed: the question waited for both, 1.36x stock on
+    nemotron-9b race, alpha 25 ms)."""
+    c_mid = CostCoeffs(0.1, QWEN_4B.beta, QWEN_4B.gamma)
+    queue_deep, queue_short = view(behind=40), view(rows=0, behind=1)
+    t, c = blocked_setup(cost_aware=True, overlap=True)
+    b = t.classify(c)
+    first = t.decide(c, b, queue_deep, c_mid)
+    assert first.wait and t.park(c, b)
+    p = t.index.get(b.producer)
+    t.begin_round([p], fork_slots=0)  # the producer is in flight now
+    b2 = t.classify(c)
+    assert b2 is not None and b2.producer == b.producer
+    other = Candidate("c2", "ns", c.tokens, 0, c.max_prefix)
+    fresh = t.decide(other, t.classify(other), queue_short, c_mid)
+    assert not fresh.wait  # a fresh decision on this round's view would recompute
+    assert t.decide(c, b2, queue_short, c_mid).wait  # the committed wait is kept
+    t.begin_round([], fork_slots=0)  # published: a later round decides afresh
+    t.admitted(Producer("p", "ns", list(range(5000)), 0, 5000, 4096, False))
+    assert not t.decide(c, t.classify(c), queue_short, c_mid).wait
 
 
 def test_estimator_without_observations_of_a_direction_keeps_the_prior_there():
@@ -394,3 +494,18 @@ def test_server_prior_reads_the_hf_config_object_sglang_holds(model):
     prior = scheduler_prior(sched)
     assert prior.source == f"prior:{model}"  # not the generic fallback
     assert prior.beta == pytest.approx(default_cost(model).beta, rel=0.1)
+
+
+def test_kit_overlap_siblings_that_wait_two_rounds_run_together(make_kit):
+    """SGLang's real scan under overlap (nemotron-9b, a 300-token document, 4 branches): the
+    three consumers wait 2 rounds for the first branch; their second visit used to re-decide
+    on the one round left and split them (two recomputed, one ran alone a round later)."""
+    k = make_kit("nemotron-9b", "extra_buffer", "traversal", overlap=True)
+    k.runtime.use_prior(CostCoeffs(0.02, 4e-5, 9e-5, 1e-10))
+    doc = list(range(1000, 1300))
+    k.submit(*[k.req(f"b{i}", doc + list(range(90_000 + 40 * i, 90_000 + 40 * i + 90)))
+               for i in range(4)])
+    rounds = [sorted(r.rids) for r in k.drain()]
+    assert rounds == [["b0"], ["b1", "b2", "b3"]]
+    assert k.runtime.totals.recomputed == 0
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}

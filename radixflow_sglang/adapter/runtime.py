@@ -180,7 +180,8 @@ class RadixFlowRuntime:
             return False
         if self.spec.cost_aware:
             self._scan = self._scan or _ScanView.of(sched)
-            verdict = t.decide(cand, b, self._scan.view(req, adder), self.cost.coeffs)
+            verdict = t.decide(cand, b, self._scan.view(req, adder),
+                               self.cost.decision_coeffs)
             if not verdict.wait:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
                 self.stats.recomputed += 1

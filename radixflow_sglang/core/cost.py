@@ -89,17 +89,29 @@ class RoundCostEstimator:
     hardware state wins; ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
     ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the
     median absolute residual of the last `window` observations, rejected ones included, so a
-    genuine level shift (a wrong prior) is accepted after a few rounds while a lone outlier
-    (first CUDA graph capture, a stall) never moves the fit. Deterministic: the same
+    genuine level shift (a wrong prior) is accepted from its `settle`-th forward while a lone
+    outlier (first CUDA graph capture, a stall) never moves the fit. Deterministic: the same
     observations in the same order give the same fit.
+
+    `trusted`: the fit predicted the recent forwards (median over the last `settle`) within a
+    factor `1 + trust`. `decision_coeffs` is what a decision reads: the fit while trusted,
+    else the fit with alpha moved by the median residual of those forwards (a wrong prior's
+    level is known from the first measured forward, before the fit has learnt it). Before any
+    measured forward: the prior.
     """
 
     def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 1.0, forget: float = 0.998,
-                 reject: float = 6.0, huber: float = 2.0, window: int = 32) -> None:
+                 reject: float = 6.0, huber: float = 2.0, window: int = 32, settle: int = 3,
+                 trust: float = 0.5) -> None:
         self.prior = prior
         self.n0 = prior_rounds
         self.forget = forget
         self.reject_k, self.huber_k = reject, huber
+        self.settle, self.trust = settle, trust
+        self._miss: deque[float] = deque(maxlen=settle)  # |log(measured / predicted)|
+        self._err: deque[float] = deque(maxlen=settle)  # measured - predicted (s)
+        # NOTE: the rejected forwards since the last accepted one (a level shift's first ones)
+        self._held: deque[tuple[list[float], float]] = deque(maxlen=max(settle, 1))
         self._t0 = [prior.alpha * _SCALE[0], prior.beta * _SCALE[1], prior.gamma * _SCALE[2],
                     prior.delta * _SCALE[3]]
         self._s = [[0.0] * 4 for _ in range(4)]
@@ -120,11 +132,29 @@ class RoundCostEstimator:
     def predict(self, rows: float, tokens: float, pairs: float = 0.0) -> float:
         return self.coeffs(rows, tokens, pairs)
 
+    @property
+    def trusted(self) -> bool:
+        """The fit predicts the measured forwards (class docstring); True before any."""
+        if not self._miss:
+            return True
+        return sorted(self._miss)[(len(self._miss) - 1) // 2] <= math.log1p(self.trust)
+
+    @property
+    def decision_coeffs(self) -> CostCoeffs:
+        """The fit, level-corrected while it mispredicts the recent forwards (class docstring)."""
+        c = self.coeffs
+        if self.trusted:
+            return c
+        shift = sorted(self._err)[(len(self._err) - 1) // 2]
+        return CostCoeffs(max(0.0, c.alpha + shift), c.beta, c.gamma, c.delta,
+                          c.source + "+level")
+
     def sigma(self, predicted: float) -> float:
         # NOTE: floor relative to the prediction: a noiseless source (the twin) must not reject
-        # float rounding; before 5 residuals, a quarter of the prediction.
+        # float rounding; before `settle` residuals, a quarter of the prediction (a lone first
+        # outlier is rejected; `settle` alike forwards in a row are a level shift).
         floor = 1e-3 * predicted + 1e-6
-        if len(self._resid) < 5:
+        if len(self._resid) < self.settle:
             return max(0.25 * predicted, floor)
         med = sorted(self._resid)[len(self._resid) // 2]
         return max(1.4826 * med, floor)
@@ -136,28 +166,47 @@ class RoundCostEstimator:
         self.observed += 1
         self.last_s = seconds
         x = [1.0, tokens / _SCALE[1], rows / _SCALE[2], pairs / _SCALE[3]]
-        pred = sum(xi * ti for xi, ti in zip(x, self._t, strict=True))
+        pred = self._pred(x)
         r = seconds - pred
         sig = self.sigma(max(pred, 0.0))
         self._resid.append(abs(r))
+        self._miss.append(abs(math.log(max(seconds, 1e-9) / max(pred, 1e-9))))
+        self._err.append(r)
         if abs(r) > self.reject_k * sig:
             self.rejected += 1
+            self._held.append((x, seconds))
             return False
+        self._feed(x, seconds, r, sig)
+        # NOTE: a level shift's first forwards were rejected before the window saw it; they
+        # are fed now if the fit that accepts the shift accepts them (a lone outlier stays out).
+        held, self._held = list(self._held), deque(maxlen=self._held.maxlen)
+        for hx, hy in held:
+            hp = self._pred(hx)
+            hs = self.sigma(max(hp, 0.0))
+            if abs(hy - hp) <= self.reject_k * hs:
+                self.rejected -= 1
+                self._feed(hx, hy, hy - hp, hs)
+        return True
+
+    def _pred(self, x: list[float]) -> float:
+        return sum(xi * ti for xi, ti in zip(x, self._t, strict=True))
+
+    def _feed(self, x: list[float], y: float, r: float, sig: float) -> None:
         w = 1.0 if abs(r) <= self.huber_k * sig else self.huber_k * sig / abs(r)
         lam = self.forget
         for i in range(4):
-            self._sy[i] = lam * self._sy[i] + w * x[i] * seconds
+            self._sy[i] = lam * self._sy[i] + w * x[i] * y
             for j in range(4):
                 self._s[i][j] = lam * self._s[i][j] + w * x[i] * x[j]
         a = [[self._s[i][j] + (self.n0 if i == j else 0.0) for j in range(4)] for i in range(4)]
         b = [self._sy[i] + self.n0 * self._t0[i] for i in range(4)]
         self._t = _solve(a, b)
-        return True
 
     def as_dict(self) -> dict:
         c = self.coeffs
         return {"alpha_s": c.alpha, "beta_s": c.beta, "gamma_s": c.gamma, "delta_s": c.delta,
                 "source": c.source, "observed": self.observed, "rejected": self.rejected,
+                "trusted": self.trusted,
                 "last_forward_s": None if math.isnan(self.last_s) else self.last_s}
 
 
@@ -231,4 +280,10 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         backfill = min(case.cut_rest, overflow) / max(v.mean_extend, 1.0)
         wait_s += max(nxt * (1.0 - backfill), 0.0)
     recompute_s = extra * (v.rows + v.behind) + displaced * nxt
+    rest = e - v.budget_left
+    if rest > 0:
+        # NOTE: it does not fit what is left of the budget: recomputing chunks it, and it
+        # finishes only with its rest, one round later per budget's worth (its own rounds),
+        # which are longer than the round it would join after the wait.
+        recompute_s += math.ceil(rest / max(v.token_budget, 1)) * nxt + c.beta * max(rest - e2, 0)
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)

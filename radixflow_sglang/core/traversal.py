@@ -59,6 +59,10 @@ class Traversal:
         self.stats = RoundStats(0)
         self.fork_slots = 0  # producers that may still be moved this round (no_buffer: 1)
         self._inflight: set[str] = set()  # producers launched in an earlier round
+        # NOTE: rid -> producer of a wait decided over a publish lag of 2 (overlap): decided
+        # last round / this round. The next visit keeps it (its cost was counted whole).
+        self._committed: dict[str, str] = {}
+        self._committing: dict[str, str] = {}
 
     # --- round lifecycle -------------------------------------------------------------------
     def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
@@ -71,6 +75,7 @@ class Traversal:
             self.index.add(p)
             self._inflight.add(p.rid)
         self.fork_slots = fork_slots
+        self._committed, self._committing = self._committing, {}
         self.stats = RoundStats(self.round)
         return self.stats
 
@@ -118,8 +123,13 @@ class Traversal:
         """Cost-aware rule: does waiting for `b` add less summed latency than recomputing?
 
         An in-flight producer publishes after this round (lag 1); one admitted in this scan
-        after `cfg.lag` rounds. Always True without `cost_aware`. No side effects."""
+        after `cfg.lag` rounds. A wait decided over 2 rounds (overlap) is kept on its second
+        visit to the same producer: its cost was counted whole, and re-deciding on the rest
+        alone splits siblings (some park, some recompute: their question waits for both).
+        Always True without `cost_aware`. Records only the 2-round waits it decides."""
         if not self.cfg.cost_aware:
+            return Verdict(True, 0.0, 0.0)
+        if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
             return Verdict(True, 0.0, 0.0)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
         p = self.index.get(b.producer)
@@ -127,7 +137,10 @@ class Traversal:
         if b.fork and self.cfg.grid.layout is Layout.NO_BUFFER and p is not None:
             # the producer's extend would end at the fork: its rest waits a round
             cut_rest = max(p.prefix + p.extend - b.depth, 0) if not p.forked else 0
-        return wait_wins(cost, WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest), view)
+        v = wait_wins(cost, WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest), view)
+        if v.wait and lag > 1:
+            self._committing[c.rid] = b.producer
+        return v
 
     def park(self, c: Candidate, b: Blocking) -> bool:
         """Park a Blocked request; False when its bound is spent (caller goes native)."""
@@ -155,4 +168,6 @@ class Traversal:
 
     def forget(self, rid: str) -> None:
         self.waits.forget(rid)
+        self._committed.pop(rid, None)
+        self._committing.pop(rid, None)
         self.index.remove(rid)
