@@ -665,6 +665,9 @@ def _trace_counters(rows: Sequence[Mapping[str, Any]],
 
 UNKNOWN_WITHOUT_TRACE = ("rounds", "rows_per_round", "tokens_per_round", "blocked",
                          "parked_max_rounds", "first_selection_mean_s")
+# NOTE: the twin's decode keys a non-streaming client cannot see (the trace logs prefill rounds)
+UNKNOWN_LIVE = ("decode_steps", "decode_s", "ttft_mean_s", "ttft_p95_s", "retractions",
+                "reprefill_tokens")
 
 
 def core_metrics(rows: Sequence[Mapping[str, Any]],
@@ -674,6 +677,7 @@ def core_metrics(rows: Sequence[Mapping[str, Any]],
     lat = np.array([q.latency_s for q in qs], dtype=float)
     off = np.array([q.offered_latency_s for q in qs], dtype=float)
     lag = np.array([q.sender_lag_s for q in qs], dtype=float)
+    per_req = np.array([r["done_s"] - r["q_send_s"] for r in rows], dtype=float)
     inp = sum(r["prompt_tokens"] if r.get("prompt_tokens") is not None else r["input_len"]
               for r in rows)
     hit = sum(r.get("cached_tokens") or 0 for r in rows)
@@ -685,7 +689,9 @@ def core_metrics(rows: Sequence[Mapping[str, Any]],
         "zero_hit_requests": sum(1 for r in rows if not r.get("cached_tokens")),
         "zero_hit_after_requests": sum(1 for r in rows if r.get("after")
                                        and not r.get("cached_tokens")),
+        "after_requests": sum(1 for r in rows if r.get("after")),
         "output_tokens": sum(len(r.get("output_ids") or ()) for r in rows),
+        **_latency_stats("request_latency", per_req), **{k: None for k in UNKNOWN_LIVE},
         **_latency_stats("latency", lat), **_latency_stats("offered_latency", off),
         "sender_lag_mean_s": float(lag.mean()) if lag.size else None,
         "sender_lag_max_s": float(lag.max()) if lag.size else None,

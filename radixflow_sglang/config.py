@@ -128,7 +128,7 @@ SETTINGS: tuple[Setting, ...] = (
             choices=BOUNDARY_MODES),
     Setting("chat_boundary", str, "off", "declare the end of a chat request's system message as "
             "its boundary (with declared/both); off by default: a conversation whose system "
-            "prompt nobody shares loses its end state (+8 % tokens on multi-turn)",
+            "prompt nobody shares loses its end state (8 percent more tokens on multi-turn)",
             choices=("off", "on")),
 )
 LAUNCHER_SETTINGS: tuple[Setting, ...] = (
