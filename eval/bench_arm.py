@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.traffic import GspShape
+
 BENCHES = ("gsp", "random-ids")
 DATASET = {"gsp": "generated-shared-prefix", "random-ids": "random-ids"}
 # What summary.json keeps of bench_serving's result line (serving.py benchmark()).
@@ -77,14 +79,10 @@ def benches(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class BenchShape:
-    """The gsp shape (random-ids: the same request count, prompt length and output length)."""
+class BenchShape(GspShape):
+    """The gsp shape, eval/traffic.py's (random-ids: the same request count, prompt length and
+    output length), plus how bench_serving sends it."""
 
-    groups: int = 16
-    prompts_per_group: int = 4
-    system_len: int = 2048
-    question_len: int = 64
-    output_len: int = 4
     rate: float = math.inf  # requests/s; inf = burst (bench_serving's --request-rate)
     seed: int = 0
     ids: bool = True  # --tokenize-prompt: exact prompt lengths

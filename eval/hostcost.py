@@ -75,9 +75,17 @@ class HostCost:
         coef = self.for_policy(policy)
         if self.measured:
             return lambda _rnd, scan: scan.cpu_s
-        if coef is self.traversal:
-            return lambda rnd, scan: coef(_visited(scan), len(rnd.rids))
-        return lambda rnd, scan: coef(scan.queued, len(rnd.rids))
+
+        def host(rnd: Any, scan: Any) -> float:
+            if getattr(rnd, "mode", "prefill") != "prefill":
+                # NOTE: a decode step runs SGLang's own path (update_running_batch) under every
+                # policy: the stock coefficients (the traversal fit's intercept is below 0, so
+                # its decode steps were free while stock's cost 1.5 ms)
+                return self.native(scan.queued, len(rnd.rids))
+            queued = _visited(scan) if coef is self.traversal else scan.queued
+            return coef(queued, len(rnd.rids))
+
+        return host
 
     def fixed(self, cost: Any, rows: int) -> float:
         """The part of the cost model's alpha + gamma * rows that is host time: the stock scan's

@@ -501,21 +501,14 @@ def _questions(seg: Segment, result: ArmResult, branches: dict[str, _Branch],
 
 def _decode_host(host):
     """The host model charges a decode step the scan's fixed host time: the scan ran and found
-    no prefill (a view with no rows), not a prefill's per-row batch preparation."""
+    no prefill (a view with no rows), not a prefill's per-row batch preparation (and
+    eval/hostcost.py charges it the stock coefficients under every policy)."""
     if host is None:
         return None
     from types import SimpleNamespace
 
     no_rows = SimpleNamespace(rids=(), mode="decode")
     return lambda rnd, scan: host(rnd if rnd.mode == "prefill" else no_rows, scan)
-
-
-def _per_mode(prefill, decode):
-    """NOTE: a decode step runs SGLang's own path (update_running_batch) under every policy, so
-    it is charged the stock coefficients: the traversal fit's intercept is below 0, and a decode
-    step cost 0 under radixflow but 1.5 ms under stock (multi-turn: 0.73x stock's latency on
-    equal rounds, tokens and decode work; 1.00x without a host model)."""
-    return lambda rnd, scan: (prefill if rnd.mode == "prefill" else decode)(rnd, scan)
 
 
 def _warmup_round(tokens: int = 16):
@@ -740,7 +733,7 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
     t0 = time.perf_counter()
     try:
         cost = cost or default_cost(model)
-        fn = _per_mode(host.host_fn(policy), host.host_fn("stock")) if host is not None else None
+        fn = host.host_fn(policy) if host is not None else None
         res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
                      seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host))
     except Exception as e:  # noqa: BLE001
