@@ -63,7 +63,8 @@ QUICK = {"workload": "synthetic", "model": "qwen3.5-0.8b", "questions": 16,
          "rates": (1.0, 4.0, 16.0, 64.0), "refine": 0}
 POINT_KEYS = ("latency_mean_s", "latency_p50_s", "latency_p95_s", "latency_p99_s",
               "scheduled_tokens", "rounds", "blocked", "recomputed", "released_by_bound",
-              "forks", "busy_s", "makespan_s", "host_s")
+              "forks", "busy_s", "makespan_s", "host_s", "unique_tokens", "retractions",
+              "reprefill_tokens", "decode_steps", "decode_s")
 
 
 @dataclass(frozen=True)
@@ -277,12 +278,21 @@ def document(setup: Setup, policies: Sequence[str], rates: Sequence[float],
             b = stock.get(pt["rate"])
             ok = b is not None and not pt.get("failed") and b["scheduled_tokens"]
             pt["tokens_vs_stock"] = pt["scheduled_tokens"] / b["scheduled_tokens"] if ok else None
+            # NOTE: the oracle computes every shared prefix once (eval/twin.py's unique tokens):
+            # tokens_vs_oracle is what a policy wastes; oracle_vs_stock the floor of
+            # tokens_vs_stock at that rate (stock's own reuse grows with load: the floor rises)
+            u = pt.get("unique_tokens") or 0
+            pt["tokens_vs_oracle"] = pt["scheduled_tokens"] / u if u and not pt.get("failed") \
+                else None
+            pt["oracle_vs_stock"] = u / b["scheduled_tokens"] if ok and u else None
         best, first_bad = max_rate(pts)
         censored = ("above" if best is not None and first_bad is None
                     else "below" if best is None else None)
         toks = [pt["tokens_vs_stock"] for pt in pts if pt["tokens_vs_stock"] is not None]
+        waste = [pt["tokens_vs_oracle"] for pt in pts if pt["tokens_vs_oracle"] is not None]
         out[p] = {"max_rate": best, "first_unsustainable": first_bad, "censored": censored,
-                  "tokens_vs_stock_max": max(toks) if toks else None, "points": pts}
+                  "tokens_vs_stock_max": max(toks) if toks else None,
+                  "tokens_vs_oracle_max": max(waste) if waste else None, "points": pts}
     ratio = {}
     base = out.get("stock", {}).get("max_rate")
     for p in policies:
@@ -320,32 +330,38 @@ def markdown(doc: dict[str, Any]) -> str:
              + f"; sustainable: throughput >= {cfg['pace']} x offered, backlog growth <= "
                f"{cfg['growth']}, p95 within the objective (eval/sweep.py).", "",
              "| policy | max sustainable rate (q/s) | vs stock | first unsustainable | "
-             "tokens vs stock (max over rates) |", "|---|---|---|---|---|"]
+             "tokens vs stock (max over rates) | tokens vs oracle (max) |",
+             "|---|---|---|---|---|---|"]
     ratio = doc.get("ratio_vs_stock") or {}
     for p, d in pol.items():
         mr = d["max_rate"]
         cens = {"above": " (top of the ladder: at least)", "below": " (below the ladder)"}
         lines.append(f"| {p} | {_f(mr, 'g')}{cens.get(d['censored'], '')} | "
                      f"{_f(ratio.get(p), '.2f') if p != 'stock' else '1'} | "
-                     f"{_f(d['first_unsustainable'], 'g')} | {_f(d['tokens_vs_stock_max'])} |")
+                     f"{_f(d['first_unsustainable'], 'g')} | {_f(d['tokens_vs_stock_max'])} | "
+                     f"{_f(d.get('tokens_vs_oracle_max'))} |")
     lines += ["", "## Points", "",
               "| policy | rate | offered | throughput ratio | backlog growth | mean s | p95 s | "
-              "tokens | tokens vs stock | rounds | recomputed | sustainable |",
-              "|" + "---|" * 12]
+              "tokens | tokens vs stock | oracle vs stock | tokens vs oracle | rounds | "
+              "recomputed | sustainable |",
+              "|" + "---|" * 14]
     for p, d in pol.items():
         for pt in d["points"]:
             if pt.get("failed"):
-                lines.append(f"| {p} | {pt['rate']:g} | failed: {pt['error']} |" + " |" * 9)
+                lines.append(f"| {p} | {pt['rate']:g} | failed: {pt['error']} |" + " |" * 11)
                 continue
             lines.append(
                 f"| {p} | {pt['rate']:g}{'*' if pt.get('refine') else ''} | "
                 f"{_f(pt['offered_rate'], '.2f')} | {_f(pt['throughput_ratio'])} | "
                 f"{_f(pt['backlog_growth'])} | {_f(pt['latency_mean_s'])} | "
                 f"{_f(pt['latency_p95_s'])} | {pt['scheduled_tokens']} | "
-                f"{_f(pt['tokens_vs_stock'])} | {pt['rounds']} | {pt['recomputed']} | "
+                f"{_f(pt['tokens_vs_stock'])} | {_f(pt.get('oracle_vs_stock'))} | "
+                f"{_f(pt.get('tokens_vs_oracle'))} | {pt['rounds']} | {pt['recomputed']} | "
                 f"{'yes' if pt['sustainable'] else 'no: ' + '; '.join(pt['why'])} |")
     lines += ["", "`*`: a refinement point (bisection between the last sustainable and the first "
-              "unsustainable swept rate)."]
+              "unsustainable swept rate). oracle: every shared prefix computed once (the "
+              "unique tokens of eval/twin.py's L_cap); oracle vs stock is the floor of tokens "
+              "vs stock at that rate, tokens vs oracle what a policy recomputes beyond it."]
     return "\n".join(lines) + "\n"
 
 

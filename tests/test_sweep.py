@@ -147,6 +147,21 @@ def test_quick_sweep_scales_one_arrival_pattern(quick) -> None:
     assert all(0 < p["tokens_vs_stock"] < 1 for p in doc["policies"]["radixflow"]["points"])
 
 
+def test_quick_sweep_measures_tokens_against_the_oracle(quick) -> None:
+    """The oracle (each shared prefix computed once) bounds every policy from below at every
+    rate, so tokens vs oracle >= 1 and tokens vs stock >= oracle vs stock; stock recomputes."""
+    _, _, doc = quick
+    for name, d in doc["policies"].items():
+        for p in d["points"]:
+            assert p["unique_tokens"] > 0
+            assert p["tokens_vs_oracle"] == pytest.approx(p["scheduled_tokens"]
+                                                          / p["unique_tokens"])
+            assert p["tokens_vs_oracle"] >= 1.0
+            assert p["tokens_vs_stock"] >= p["oracle_vs_stock"]
+        assert d["tokens_vs_oracle_max"] == max(p["tokens_vs_oracle"] for p in d["points"])
+    assert all(p["tokens_vs_oracle"] > 1.0 for p in doc["policies"]["stock"]["points"])
+
+
 # --- bad flags -------------------------------------------------------------------------------
 
 
