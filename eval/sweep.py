@@ -53,6 +53,7 @@ from typing import Any
 
 from eval import cli
 from eval.hostcost import HOST_CHOICES
+from eval.waste import CAUSES
 from radixflow_sglang import models
 
 DEFAULT_RATES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -173,7 +174,9 @@ def run_point(setup: Setup, policy: str, rate: float) -> dict[str, Any]:
     from eval.costmodel import cost_with
     from eval.hostcost import host_model
     from eval.twin import run_arm
+    from eval.waste import breakdown
     from eval.workload import workload
+    from radixflow_sglang.geometry import load_geometry
 
     torch.set_num_threads(1)  # NOTE: tiny CPU tensors; intra-op threads only contend
     t0 = time.perf_counter()
@@ -187,6 +190,7 @@ def run_point(setup: Setup, policy: str, rate: float) -> dict[str, Any]:
         return {"rate": rate, "failed": True, "error": res.error, "sustainable": False,
                 "why": ["failed"]}
     point = point_from(res, rate, None)
+    point["waste"] = breakdown(segs, res, load_geometry(setup.model).grid)
     point["wall_s"] = round(time.perf_counter() - t0, 2)
     del res
     gc.collect()  # NOTE: a kit's pools sit in reference cycles; free them per point
@@ -358,11 +362,31 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{_f(pt['tokens_vs_stock'])} | {_f(pt.get('oracle_vs_stock'))} | "
                 f"{_f(pt.get('tokens_vs_oracle'))} | {pt['rounds']} | {pt['recomputed']} | "
                 f"{'yes' if pt['sustainable'] else 'no: ' + '; '.join(pt['why'])} |")
+    lines += _waste_table(pol)
     lines += ["", "`*`: a refinement point (bisection between the last sustainable and the first "
               "unsustainable swept rate). oracle: every shared prefix computed once (the "
               "unique tokens of eval/twin.py's L_cap); oracle vs stock is the floor of tokens "
               "vs stock at that rate, tokens vs oracle what a policy recomputes beyond it."]
     return "\n".join(lines) + "\n"
+
+
+def _waste_table(pol: dict[str, Any]) -> list[str]:
+    """Scheduled tokens beyond the oracle per point, by cause (eval/waste.py), / oracle."""
+    rows = []
+    for p, d in pol.items():
+        for pt in d["points"]:
+            w = pt.get("waste")
+            if not w or not w.get("unique"):
+                continue
+            u = w["unique"]
+            rows.append(f"| {p} | {pt['rate']:g}{'*' if pt.get('refine') else ''} | "
+                        f"{w['scheduled'] / u:.3f} | "
+                        + " | ".join(f"{w[c] / u:.3f}" for c in CAUSES) + " |")
+    if not rows:
+        return []
+    return ["", "## Tokens beyond the oracle, by cause (eval/waste.py; fractions of the oracle)",
+            "", "| policy | rate | scheduled / oracle | " + " | ".join(CAUSES) + " |",
+            "|" + "---|" * (3 + len(CAUSES)), *rows]
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:

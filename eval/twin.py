@@ -194,6 +194,7 @@ class ArmResult:
     segments: list[SegmentInfo] = field(default_factory=list)
     cost: CostModel | None = None
     wall_s: float = 0.0
+    requests: dict[str, _Branch] = field(default_factory=dict)  # rid -> its chunks and lives
 
     @property
     def ok(self) -> bool:
@@ -459,6 +460,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
 
     leaks = kit.leaks()
     _check_conservation(result, branches)
+    result.requests = branches
     ends = [r.end_s for r in result.rounds]
     for qr in result.questions:
         qr.rounds_waited = bisect_right(ends, qr.completion_s) - bisect_right(ends, qr.arrival_s)

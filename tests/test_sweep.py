@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from eval import sweep
+from eval import sweep, waste
 
 # --- definitions -----------------------------------------------------------------------------
 
@@ -151,9 +151,10 @@ def test_quick_sweep_measures_tokens_against_the_oracle(quick) -> None:
     """The oracle (each shared prefix computed once) bounds every policy from below at every
     rate, so tokens vs oracle >= 1 and tokens vs stock >= oracle vs stock; stock recomputes."""
     _, _, doc = quick
-    for name, d in doc["policies"].items():
+    for d in doc["policies"].values():
         for p in d["points"]:
             assert p["unique_tokens"] > 0
+            assert waste.check(p["waste"]) and p["waste"]["scheduled"] == p["scheduled_tokens"]
             assert p["tokens_vs_oracle"] == pytest.approx(p["scheduled_tokens"]
                                                           / p["unique_tokens"])
             assert p["tokens_vs_oracle"] >= 1.0
