@@ -30,6 +30,12 @@ sustainable (a lucky pass above a failure does not count); null when the lowest 
 sustains the top rate is censored there (`"censored": "above"`: the true maximum is higher and
 its ratio vs stock a lower bound). `ratio_vs_stock` = a policy's max rate / stock's.
 
+Tokens: every point records the oracle (`unique_tokens`: each shared prefix computed once,
+eval/twin.py's L_cap), `tokens_vs_oracle` and `oracle_vs_stock` (the floor of
+`tokens_vs_stock` at that rate; stock reuses more under load, since siblings split across full
+rounds reuse the earlier ones' states, so the floor rises with the rate), and `waste`: the
+tokens beyond the oracle split exactly by cause (eval/waste.py).
+
 Writes DIR/sweep.json (`{"config", "slo_p95_s", "unloaded", "policies": {NAME: {"max_rate",
 "points": [...], ...}}, "ratio_vs_stock": {NAME: ratio}}`), DIR/report.md and DIR/sweep.png
 (mean and p95 latency vs rate per policy, the objective, scheduled tokens vs stock). Exit 0, 1
