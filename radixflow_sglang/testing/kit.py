@@ -196,7 +196,7 @@ def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geom
         enable_priority_scheduling=False, schedule_low_priority_values_first=False,
     )
     # Stand-ins for the model/worker side (the scan only reads these fields).
-    s.model_config = _Stub(vocab_size=248_320, is_encoder_decoder=False,
+    s.model_config = _Stub(vocab_size=geo.vocab_size, is_encoder_decoder=False,
                            hf_text_config=_Stub(mamba_chunk_size=geo.grid),
                            self_opened_think_start_ids=None, think_end_ids=None)
     s.tp_worker = _Stub(model_runner=_Stub(attn_backend=_Stub(), prefill_aware_swa=False))
