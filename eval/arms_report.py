@@ -294,10 +294,11 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
                   "are a deterministic function of the prompt ids.", ""]
     lines += ["## Arms (Table 1 style)", ""]
     lines += table(MAIN_HEADERS, main_rows(arms))
-    lines += ["", "Latency = question send (pool slot) -> completion of its 4th branch. reuse = "
-              "hit / input tokens (hit = meta_info.cached_tokens). Rounds, rows/round, blocked "
-              "come from the server's --radixflow-trace; the stock arm has no trace, so they "
-              "are '-' (unknown) there and its scheduled tokens are prompt - cached.", ""]
+    lines += ["", "Latency = question send (pool slot) -> completion of its last branch "
+              "(however many it has). reuse = hit / input tokens (hit = "
+              "meta_info.cached_tokens). Rounds, rows/round, blocked come from the server's "
+              "--radixflow-trace; the stock arm has no trace, so they are '-' (unknown) there "
+              "and its scheduled tokens are prompt - cached.", ""]
     forks = fork_arms(arms)
     if forks:
         lines += fork_lines(forks, fork_aud or {})

@@ -132,7 +132,8 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, ArmResult],
     lines += ["## Arms (Table 1 style)", ""]
     lines += table(MAIN_HEADERS, main_rows(arms))
     lines += [""]
-    lines += ["Latency = question arrival -> completion of its 4th branch. reuse = hit / input "
+    lines += ["Latency = question arrival -> completion of its last branch (however many it "
+              "has: four-branch, gsp, nsample, one for multiturn/noshare). reuse = hit / input "
               "tokens (hit = ready prefix at first selection). rounds/L_cap: see eval/twin.py "
               "(L_cap = fewest rounds any scheduler could use under the S/T budgets).", ""]
 
