@@ -40,3 +40,21 @@ def test_a_continued_chunk_is_not_a_cache_hit(make_kit, policy):
     assert k.runtime.summary()["hit_tokens"] == hit
     assert not h.violations, h.violations.examples
     assert h.finish() == NO_LEAK
+
+
+def test_the_twins_rounds_count_real_hits_only():
+    """The twin's per-round hit_tokens add up to its per-request hits (prefix at first
+    selection) when a request is chunked: its later chunks count nothing."""
+    from eval import twin
+    from eval.costmodel import CostModel
+    from eval.workload import Branch, Question, Segment
+
+    prompt = toks(1000, 1500)
+    qs = [Question(q, q, (Branch(f"{q}/A", prompt, "ns", 0),), 0, 0, arrival_s=t)
+          for q, t in (("first", 0.0), ("again", 10.0))]
+    res = twin.replay([Segment("cold", "forward", tuple(qs))], "qwen3.5-4b", "radix",
+                      cost=CostModel(0.01, 1e-5, 1e-3), kit_overrides={"tokens": 512})
+    assert len(res.rounds) == 4  # three chunks of the first request, one round for the second
+    m = res.metrics
+    assert 0 < m["hit_tokens"] == sum(r.hit_tokens for r in res.rounds)
+    assert [r.hit_tokens for r in res.rounds[:3]] == [0, 0, 0]
