@@ -52,3 +52,30 @@ def test_a_retracted_consumer_forgets_its_park_history(make_kit, model, layout,
     assert "A" in at_retraction  # the consumer was retracted, and re-queued
     assert at_retraction["A"] == (False, True)  # no stale history: a fresh wait bound
     assert set(k.finished) == {"P", "A"} and k.leaks() == NO_LEAK
+
+
+def test_the_harness_requeues_a_retracted_request_through_the_scheduler(make_kit):
+    """The step harness's in-flight retraction (overlap, `release_req`) re-queues through the
+    same door (`_add_request_to_queue`, as retract-all does): the park history goes too."""
+    from radixflow_sglang.testing.harness import Harness
+
+    k = make_kit("qwen3.5-4b", "extra_buffer", "traversal-always", overlap=True)
+    h = Harness(k)
+    h.submit("P", DOC + toks(5000, 100))
+    h.submit("A", DOC + toks(6000, 120))
+    h.submit("D", toks(20_000, 300))
+    for _ in range(10):
+        rnd = h.step()
+        if rnd is not None and "A" in rnd.rids:
+            break
+    assert rnd is not None and "A" in rnd.rids and k.runtime.parked_rounds()["A"] == 2
+    h.retract(next(r for r in h.retractable() if r.rid == "A"))
+    for _ in range(10):
+        h.step()
+        if any(r.rid == "A" for r in k.sched.waiting_queue):
+            break
+    assert [r.rid for r in k.sched.waiting_queue] == ["A"]
+    assert "A" not in k.runtime.parked_rounds()  # re-queued as a new candidate
+    h.drain(max_steps=100)
+    assert not h.violations, h.violations.examples
+    assert h.finish() == NO_LEAK

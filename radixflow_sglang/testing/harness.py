@@ -144,7 +144,9 @@ class Harness:
             if any(b is batch for b in inflight):
                 keep.append((req, batch))
             else:
-                self.kit.submit(req)
+                # NOTE: through the scheduler's own door, as retract-all re-queues
+                # (req.is_retracted set): RadixFlow forgets its park history there
+                self.kit.sched._add_request_to_queue(req)
         self.retracted = keep
 
     # --- rounds -------------------------------------------------------------------------------
