@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.report import MAIN_HEADERS, finite, fmt, main_rows, ratios, table
+from eval.report import (
+    CAP_HEADERS,
+    MAIN_HEADERS,
+    cap_cells,
+    finite,
+    fmt,
+    main_rows,
+    ratios,
+    table,
+)
 
 BASELINE = "stock"
 STOCK_FORK = "stock-fork"  # the frontend fork program against a stock server
@@ -199,15 +208,8 @@ LATENCY_HEADERS = ["arm", "lat mean (s)", "p50", "p95", "p99", "offered lat mean
 
 
 def cap_rows(arms: Mapping[str, LiveArm]) -> list[list[str]]:
-    rows = []
-    for name, a in arms.items():
-        if a.ok:
-            m = a.metrics
-            rows.append([name, fmt(m["rounds"]), fmt(m["l_cap"]),
-                         fmt(m["rounds_over_l_cap"], 2), fmt(m["tokens_per_round"], 0),
-                         fmt(m["parked_max_rounds"]), fmt(m["leaked_kv_slots"]),
-                         fmt(m["leaked_mamba_slots"]), fmt(m["tokens_conserved"])])
-    return rows
+    return [[name, *cap_cells(a.metrics), fmt(a.metrics["tokens_conserved"])]
+            for name, a in arms.items() if a.ok]
 
 
 def audit_lines(aud: Mapping[str, Any]) -> list[str]:
@@ -294,10 +296,11 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
                   "are a deterministic function of the prompt ids.", ""]
     lines += ["## Arms (Table 1 style)", ""]
     lines += table(MAIN_HEADERS, main_rows(arms))
-    lines += ["", "Latency = question send (pool slot) -> completion of its 4th branch. reuse = "
-              "hit / input tokens (hit = meta_info.cached_tokens). Rounds, rows/round, blocked "
-              "come from the server's --radixflow-trace; the stock arm has no trace, so they "
-              "are '-' (unknown) there and its scheduled tokens are prompt - cached.", ""]
+    lines += ["", "Latency = question send (pool slot) -> completion of its last branch "
+              "(however many it has). reuse = hit / input tokens (hit = "
+              "meta_info.cached_tokens). Rounds, rows/round, blocked come from the server's "
+              "--radixflow-trace; the stock arm has no trace, so they are '-' (unknown) there "
+              "and its scheduled tokens are prompt - cached.", ""]
     forks = fork_arms(arms)
     if forks:
         lines += fork_lines(forks, fork_aud or {})
@@ -313,9 +316,7 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
             lines += table(MAIN_HEADERS, main_rows(
                 arms, lambda r, reg=reg: r.regime_metrics().get(reg))) + [""]
     lines += ["## Rounds over the capacity bound", ""]
-    lines += table(["arm", "rounds", "L_cap", "rounds / L_cap", "tokens/round",
-                     "parked max rounds", "leaked KV", "leaked mamba", "tokens conserved"],
-                    cap_rows(arms))
+    lines += table(["arm", *CAP_HEADERS, "tokens conserved"], cap_rows(arms))
     lines += ["", "L_cap: eval/twin.py's bound on the workload's ids under the server's "
               "budgets. Leaks: 0 = SGLang's strict idle memory check passed after the replay. "
               "tokens conserved: the trace's scheduled tokens == prompt - cached tokens (the "

@@ -92,7 +92,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +106,7 @@ from radixflow_sglang.core.cost import (  # noqa: E402, F401
     MFU,
     PEAK_FLOPS,
     ROW_OVERHEAD_S,
+    CostCoeffs,
     prior_from_geometry,
 )
 from radixflow_sglang.geometry import Geometry, load_geometry
@@ -116,19 +117,13 @@ DECODE_ROW_S = 2e-5  # per decode row (assumption)
 
 
 @dataclass(frozen=True)
-class CostModel:
-    alpha: float  # s per forward
-    beta: float  # s per scheduled token
-    gamma: float  # s per row
-    delta: float = 0.0  # s per full-attention (query, key) pair
-    source: str = "custom"
+class CostModel(CostCoeffs):
+    """The server's round-cost coefficients (core/cost.py CostCoeffs: alpha, beta, gamma, delta,
+    source, and `self(rows, tokens, pairs)`), plus the twin's decode-step terms."""
+
     dec_alpha: float = 0.0  # s per decode step (0: decode is free; default_cost derives it)
     dec_gamma: float = 0.0  # s per decode row
     dec_kv: float = 0.0  # s per cached token a decode step reads
-
-    def __call__(self, rows: int, scheduled_tokens: int, attn_pairs: float = 0.0) -> float:
-        return (self.alpha + self.beta * scheduled_tokens + self.gamma * rows
-                + self.delta * attn_pairs)
 
     def batch(self, extend: Mapping[str, int], prefix: Mapping[str, int]) -> float:
         """Cost of one round given per-request extend and prefix lengths (a kit Round's)."""
@@ -143,9 +138,6 @@ class CostModel:
         if rnd.mode == "decode":
             return self.decode(len(rnd.rids), rnd.cached_tokens)
         return self.batch(rnd.extend, rnd.prefix)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def attn_pairs(extend: Mapping[str, int], prefix: Mapping[str, int]) -> float:

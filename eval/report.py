@@ -113,6 +113,17 @@ MAIN_HEADERS = ["policy", "lat mean (s)", "lat p95 (s)", "rounds", "sched tokens
                 "rounds vs stock", "tokens vs stock", "blocked"]
 
 
+CAP_HEADERS = ["rounds", "L_cap", "rounds / L_cap", "tokens/round", "parked max rounds",
+               "leaked KV", "leaked mamba"]
+
+
+def cap_cells(m: Mapping[str, Any]) -> list[str]:
+    """A "Rounds over the capacity bound" row after the arm's name (twin and live reports)."""
+    return [fmt(m["rounds"]), fmt(m["l_cap"]), fmt(m["rounds_over_l_cap"], 2),
+            fmt(m["tokens_per_round"], 0), fmt(m["parked_max_rounds"]),
+            fmt(m["leaked_kv_slots"]), fmt(m["leaked_mamba_slots"])]
+
+
 def render_markdown(config: Mapping[str, Any], arms: Mapping[str, ArmResult],
                     plots: list[str]) -> str:
     lines = ["# Scheduler twin report", ""]
@@ -132,7 +143,8 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, ArmResult],
     lines += ["## Arms (Table 1 style)", ""]
     lines += table(MAIN_HEADERS, main_rows(arms))
     lines += [""]
-    lines += ["Latency = question arrival -> completion of its 4th branch. reuse = hit / input "
+    lines += ["Latency = question arrival -> completion of its last branch (however many it "
+              "has: four-branch, gsp, nsample, one for multiturn/noshare). reuse = hit / input "
               "tokens (hit = ready prefix at first selection). rounds/L_cap: see eval/twin.py "
               "(L_cap = fewest rounds any scheduler could use under the S/T budgets).", ""]
 
@@ -174,16 +186,8 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, ArmResult],
         lines += [""]
 
     lines += ["## Rounds over the capacity bound", ""]
-    rows = []
-    for name, res in arms.items():
-        if res.ok:
-            m = res.metrics
-            rows.append([name, fmt(m["rounds"]), fmt(m["l_cap"]),
-                         fmt(m["rounds_over_l_cap"], 2), fmt(m["tokens_per_round"], 0),
-                         fmt(m["parked_max_rounds"]), fmt(m["leaked_kv_slots"]),
-                         fmt(m["leaked_mamba_slots"])])
-    lines += table(["policy", "rounds", "L_cap", "rounds / L_cap", "tokens/round",
-                     "parked max rounds", "leaked KV", "leaked mamba"], rows)
+    rows = [[name, *cap_cells(res.metrics)] for name, res in arms.items() if res.ok]
+    lines += table(["policy", *CAP_HEADERS], rows)
     lines += [""]
 
     lines += ["## Wall time", ""]

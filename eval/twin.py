@@ -116,7 +116,7 @@ class RoundRecord:
     end_s: float
     rows: int
     tokens: int
-    hit_tokens: int  # sum of the rows' prefixes (a continued chunk's own prefix included)
+    hit_tokens: int  # the rows' cache hits (a continued chunk's own earlier chunks excluded)
     attn_pairs: float
     host_s: float = 0.0  # scheduler CPU time charged before it (0: free scans)
     mode: str = "prefill"  # or "decode" (ArmResult.decode_rounds)
@@ -158,6 +158,11 @@ class _Branch:
     def target(self) -> int:
         """The length its current life's prefill ends at."""
         return self.lives[-1][1] if self.lives else self.input_len
+
+    def computed(self) -> int:
+        """What its current life has prefilled so far: its own work, not a cache hit."""
+        start = self.lives[-1][0] if self.lives else 0
+        return sum(self.chunks[-1]) if len(self.chunks) > start else 0
 
     def life_chunks(self) -> list[tuple[int, list[tuple[int, int]]]]:
         """(target, chunks) per life: before any retraction, then one per retraction."""
@@ -355,10 +360,10 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         ri = len(result.rounds)
         if rnd.index != ri:
             raise ConservationError(f"kit round {rnd.index} recorded as round {ri}")
+        hit = sum(rnd.prefix[r] - _live(r, f"round {ri}").computed() for r in rnd.rids)
         result.rounds.append(RoundRecord(
             ri, seg_index[0], launch.scan_s, launch.start_s, launch.end_s, len(rnd.rids),
-            rnd.scheduled_tokens, sum(rnd.prefix.values()), attn_pairs(rnd.extend, rnd.prefix),
-            launch.host_s))
+            rnd.scheduled_tokens, hit, attn_pairs(rnd.extend, rnd.prefix), launch.host_s))
         if len(set(rnd.rids)) != len(rnd.rids):
             raise ConservationError(f"round {ri} selects a request twice: {rnd.rids}")
         for rid in rnd.rids:

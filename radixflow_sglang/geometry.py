@@ -29,6 +29,7 @@ class Geometry:
     hidden: int
     rows: int  # paper's S (radixflow_sglang.models)
     tokens: int  # paper's T (radixflow_sglang.models)
+    vocab_size: int  # embedding rows: token ids are in [0, vocab_size)
 
     @property
     def hybrid(self) -> bool:
@@ -73,7 +74,7 @@ def geometry_from_config(name: str, cfg: dict) -> Geometry:
         state = len(mamba) * heads * hd * st * 4
         kv = 2 * len(full) * t["num_key_value_heads"] * t["head_dim"] * 2
         return Geometry(name, "mamba2", len(pattern), full, grid, state, kv,
-                        t["hidden_size"], rows, tokens)
+                        t["hidden_size"], rows, tokens, t["vocab_size"])
     n = t["num_hidden_layers"]
     hd = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
     if "full_attention_interval" in t:  # Qwen3.5 / Qwen3-Next gated delta net
@@ -83,6 +84,8 @@ def geometry_from_config(name: str, cfg: dict) -> Geometry:
         vd = t["linear_value_head_dim"]
         state = (n - len(full)) * vh * kd * vd * 4
         kv = 2 * len(full) * t["num_key_value_heads"] * hd * 2
-        return Geometry(name, "gdn", n, full, FLA_CHUNK, state, kv, t["hidden_size"], rows, tokens)
+        return Geometry(name, "gdn", n, full, FLA_CHUNK, state, kv, t["hidden_size"], rows, tokens,
+                        t["vocab_size"])
     kv = 2 * n * t["num_key_value_heads"] * hd * 2
-    return Geometry(name, "full", n, tuple(range(n)), 1, 0, kv, t["hidden_size"], rows, tokens)
+    return Geometry(name, "full", n, tuple(range(n)), 1, 0, kv, t["hidden_size"], rows, tokens,
+                    t["vocab_size"])

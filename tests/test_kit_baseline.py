@@ -290,9 +290,20 @@ PROCESS_RESULT = '''\
                                            pairs=pairs, forward_iter=batch.forward_iter)
         return out
 '''
+# A retracted request re-enters the queue: RadixFlow forgets it, then upstream's method runs.
+REQUEUE = '''\
+    def _add_request_to_queue(self, req, is_retracted: bool = False):
+        """Upstream's, after forgetting what RadixFlow knew of a request that re-enters the
+        queue after a retraction: it is a new candidate, re-matched, with a fresh wait bound.
+        NOTE: retract_decode passes is_retracted; priority preemption and retract-all re-queue
+        through a bare call, their requests marked by reset_for_retract (req.is_retracted)."""
+        if (is_retracted or req.is_retracted) and self._radixflow is not None:
+            self._radixflow.forget(req.rid)
+        return super()._add_request_to_queue(req, is_retracted)
+'''
 # The Scheduler methods RadixFlowScheduler replaces (anything else is SGLang's own).
 OVERRIDDEN = {"_get_new_batch_prefill_raw", "get_internal_state", "get_new_batch_prefill",
-              "run_batch", "process_batch_result"}
+              "run_batch", "process_batch_result", "_add_request_to_queue"}
 
 
 def _drop_hooks(body: list, marked: set[int], errors: list[str]) -> list:
@@ -440,6 +451,7 @@ def test_the_get_new_batch_prefill_override_is_the_reviewed_one():
     assert inspect.getsource(RadixFlowScheduler._get_new_batch_prefill_raw) == RAW_WRAPPER
     assert inspect.getsource(RadixFlowScheduler.run_batch) == RUN_BATCH
     assert inspect.getsource(RadixFlowScheduler.process_batch_result) == PROCESS_RESULT
+    assert inspect.getsource(RadixFlowScheduler._add_request_to_queue) == REQUEUE
     replaced = {n for n, v in vars(RadixFlowScheduler).items()
                 if callable(v) and hasattr(sched_mod.Scheduler, n)}
     assert replaced == OVERRIDDEN

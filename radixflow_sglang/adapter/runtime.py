@@ -46,6 +46,14 @@ def req_tokens(req: Req):
     return req.origin_input_ids + req.output_ids if req.output_ids else req.origin_input_ids
 
 
+def cache_hit(req: Req) -> int:
+    """Tokens of this extend's ready prefix the request did not compute itself: SGLang's own
+    cached-token increment (schedule_batch.py `prepare_for_extend`: prefix_len -
+    already_computed), read before it runs. A continued chunk's earlier chunks are its own
+    work, not a hit."""
+    return max(req.prefix_len - req.already_computed, 0)
+
+
 def cache_grid(sched: Scheduler) -> Grid:
     cache = sched.tree_cache
     if not cache.supports_mamba():
@@ -211,7 +219,7 @@ class RadixFlowRuntime:
         s = self.stats
         s.rows = len(run)
         s.scheduled_tokens = sum(r.extend_end - r.prefix_len for r in run)
-        s.hit_tokens = sum(r.prefix_len for r in run)
+        s.hit_tokens = sum(cache_hit(r) for r in run)
         s.other = s.visited - s.ready - s.blocked
         s.chunked = adder.new_chunked_req is not None or sched.chunked_req is not None
         if self.traversal is not None:

@@ -62,6 +62,15 @@ class RadixFlowScheduler(Scheduler):
                                            pairs=pairs, forward_iter=batch.forward_iter)
         return out
 
+    def _add_request_to_queue(self, req, is_retracted: bool = False):
+        """Upstream's, after forgetting what RadixFlow knew of a request that re-enters the
+        queue after a retraction: it is a new candidate, re-matched, with a fresh wait bound.
+        NOTE: retract_decode passes is_retracted; priority preemption and retract-all re-queue
+        through a bare call, their requests marked by reset_for_retract (req.is_retracted)."""
+        if (is_retracted or req.is_retracted) and self._radixflow is not None:
+            self._radixflow.forget(req.rid)
+        return super()._add_request_to_queue(req, is_retracted)
+
     def get_internal_state(self, recv_req):
         out = super().get_internal_state(recv_req)
         # NOTE: with DP, /server_info lists ranks in answer order: the rank says whose it is

@@ -144,7 +144,9 @@ class Harness:
             if any(b is batch for b in inflight):
                 keep.append((req, batch))
             else:
-                self.kit.submit(req)
+                # NOTE: through the scheduler's own door, as retract-all re-queues
+                # (req.is_retracted set): RadixFlow forgets its park history there
+                self.kit.sched._add_request_to_queue(req)
         self.retracted = keep
 
     # --- rounds -------------------------------------------------------------------------------
@@ -193,7 +195,6 @@ class Harness:
         v = self.violations
         self.rounds += 1
         self.scheduled_tokens += rnd.scheduled_tokens
-        self.hit_tokens += sum(rnd.prefix.values())
         if self.shapes is not None:
             self.shapes.append((rnd.rids, rnd.extend, rnd.prefix, rnd.track, rnd.chunked))
         if len(rnd.rids) > self.rows:
@@ -212,6 +213,8 @@ class Harness:
             prefix, extend = rnd.prefix[rid], rnd.extend[rid]
             if extend <= 0:
                 v.add("empty_extend", f"round {rnd.index}: {rid} extends {extend}")
+            # NOTE: a real cache hit only: a continued chunk's earlier chunks are its own work
+            self.hit_tokens += max(prefix - self._end.get(rid, 0), 0)
             if rid in self._end and prefix != self._end[rid]:
                 v.add("chunk_chain",
                       f"round {rnd.index}: {rid} resumes at {prefix}, not {self._end[rid]}")

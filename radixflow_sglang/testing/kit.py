@@ -196,7 +196,7 @@ def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geom
         enable_priority_scheduling=False, schedule_low_priority_values_first=False,
     )
     # Stand-ins for the model/worker side (the scan only reads these fields).
-    s.model_config = _Stub(vocab_size=248_320, is_encoder_decoder=False,
+    s.model_config = _Stub(vocab_size=geo.vocab_size, is_encoder_decoder=False,
                            hf_text_config=_Stub(mamba_chunk_size=geo.grid),
                            self_opened_think_start_ids=None, think_end_ids=None)
     s.tp_worker = _Stub(model_runner=_Stub(attn_backend=_Stub(), prefill_aware_swa=False))
@@ -213,6 +213,8 @@ def _event_loop_attrs(s: Scheduler, cfg: KitConfig) -> None:
     (set by `Scheduler.__init__` and its `init_*` helpers in a server)."""
     s.new_token_ratio_tracker = NewTokenRatioTracker.from_config()  # the real one
     s.disaggregation_mode = DisaggregationMode.NULL
+    s.abort_on_priority_when_disabled = False  # read by _add_request_to_queue (retraction)
+    s.max_queued_requests = None  # --max-queued-requests default
     s.scheduler_stage_metrics = None
     s._pending_chunked_abort_req = None
     s.prefill_decode_interval = 0  # --prefill-decode-interval default
@@ -506,13 +508,12 @@ class Kit:
             self.on_complete(req)
 
     def _requeue_retracted(self, req: Req, is_retracted: bool = False) -> None:
-        """scheduler.py `_add_request_to_queue` as it runs here (no priorities, no queue limit,
-        no prefetch, no disaggregation): back to the waiting queue. RadixFlow forgets what it
-        knew of the request: it re-enters as a new candidate and is re-matched."""
-        self.sched.waiting_queue.append(req)
+        """The scheduler class's own `_add_request_to_queue` (ours forgets what RadixFlow knew
+        of a retracted request; upstream's appends it to the waiting queue), then the kit's
+        record of the retraction."""
+        type(self.sched)._add_request_to_queue(self.sched, req, is_retracted)
         if is_retracted:
             self.retracted.append(req.rid)
-            self._forget(req.rid)
             if self.on_retract is not None:
                 self.on_retract(req)
 
