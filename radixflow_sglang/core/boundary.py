@@ -22,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from .cost import CostCoeffs
 from .grid import Grid, Layout
 
 MODES = ("off", "declared", "learned", "both")
@@ -88,6 +89,30 @@ def optimal_placement(depths: Sequence[int], weights: Sequence[float], m: int,
         chosen.append(pts[i])
         i, k = prev[k][i], k - 1
     return sorted(chosen), best[k_best][i_best]
+
+
+def consumers(queued: int, computed: bool) -> int:
+    """Requests expected to reuse a boundary state: the siblings queued now (same namespace,
+    same prefix to the boundary, not selected), plus one future sibling unless the prefix to the
+    boundary was computed before without a state there (SGLang's match found KV beyond the
+    ready prefix, `mamba_branching_seqlen`): then the siblings the boundary was declared for
+    have already run and none is expected beyond the queue."""
+    return queued + (0 if computed else 1)
+
+
+def defer_wins(c: CostCoeffs, gain: int, rest: int, behind: int, users: int) -> bool:
+    """no_buffer: defer a request one round when its boundary cut cannot get SGLang's one chunk
+    slot this round (another cut holds it), so that it is cut next round.
+
+    Deferring makes it finish two rounds later (its cut next round, its rest the round after):
+    c(1, gain) + c(1, rest), at least. Not deferring, it publishes only its end; the first of
+    its `users` then recomputes the `gain` tokens (the rest of them can wait for that one),
+    work that delays every request finishing after it, estimated by the `behind` ones now
+    (queued or running, the candidate excluded). Pure, rank-identical inputs."""
+    if users <= 0 or gain <= 0:
+        return False
+    delay = c(1, gain) + c(1, rest)
+    return c.beta * gain * (1 + behind) > delay
 
 
 FORK, CONTINUATION = "fork", "continuation"
