@@ -107,6 +107,7 @@ class BoundaryPublisher:
         self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
         self.cut: Req | None = None  # the request cut at its boundary this scan
         self._queue: list = []  # this scan's waiting queue (rank-identical)
+        self._queue_rids: set[str] = set()
         self._groups: dict[int, dict[tuple, int]] = {}  # depth -> key -> queued requests
         self._serving: set[tuple] = set()  # keys published at their boundary this scan
         self._hashes: dict[tuple[str, int], tuple] = {}  # (rid, depth) -> key, across scans
@@ -120,6 +121,7 @@ class BoundaryPublisher:
     def begin_scan(self, queue=()) -> None:
         self.cut = None
         self._queue = list(queue)
+        self._queue_rids = {r.rid for r in self._queue}
         self._groups = {}
         self._serving = set()
         if len(self._hashes) > 8 * len(self._queue) + 4096:
@@ -165,12 +167,13 @@ class BoundaryPublisher:
                 return publish_at(self.grid, guess, prefix, extend), "learned"
         return None, None
 
-    def defer(self, req: Req, tokens, ns, adder: PrefillAdder, slot_next: bool, behind: int,
+    def defer(self, req: Req, tokens, ns, adder: PrefillAdder, slot_next: bool, running: int,
               cap: int = MAX_DEFER) -> bool:
         """no_buffer: whether to skip `req` this round (before it consumes anything) because its
         boundary cut cannot get SGLang's one chunk slot now (`adder.new_chunked_req` is taken)
         but can next round (`slot_next`: no native chunk continues past this round), and
-        waiting for it pays (core/boundary.py `defer_wins`). At most `cap` rounds each."""
+        waiting for it pays (core/boundary.py `defer_wins`; behind it: the unselected queue
+        and the `running` requests). At most `cap` rounds each."""
         if (not self.active or self.grid.layout is not Layout.NO_BUFFER or not slot_next
                 or adder.new_chunked_req is None):
             return False
@@ -184,6 +187,8 @@ class BoundaryPublisher:
             return False  # NOTE: a sibling publishes there this round: traversal's case
         users = self._users(req, tokens, ns, depth, key, adder)
         c = self.cost() if self.cost is not None else None
+        picked = sum(1 for r in adder.can_run_list if r.rid in self._queue_rids)
+        behind = max(len(self._queue) - picked - 1, 0) + running
         if c is None or not defer_wins(c, depth - prefix, len(tokens) - depth, behind, users):
             return False
         self._defers[req.rid] = self._defers.get(req.rid, 0) + 1
@@ -195,8 +200,10 @@ class BoundaryPublisher:
         queued = self._groups_at(depth).get(key, 0) - 1  # NOTE: itself excluded
         queued -= sum(1 for r in adder.can_run_list if r is not req and r.rid in selected
                       and self._hashes.get((r.rid, depth)) == key)
+        # NOTE: SGLang's branching depth is the KV hit floored to the grid
         b = req.mamba_branching_seqlen
-        return consumers(max(queued, 0), b is not None and b >= depth)
+        return consumers(max(queued, 0), b is not None and b >= depth // self.grid.size
+                         * self.grid.size)
 
     def _contested(self, depth: int, key: tuple, adder) -> bool:
         """Another group of >= 2 unselected queued requests wants a boundary at `depth`."""

@@ -332,9 +332,8 @@ class RadixFlowRuntime:
         if not self.boundary.active or getattr(req, "session", None) is not None:
             return False
         running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
-        behind = len(sched.waiting_queue) - len(adder.can_run_list) - 1 + running
         return self.boundary.defer(req, req_tokens(req), namespace(req), adder,
-                                   sched.chunked_req is None, max(behind, 0))
+                                   sched.chunked_req is None, running)
 
     def forget(self, rid: str) -> None:
         """The request left the scheduler without being selected (aborted): drop its records."""
