@@ -104,15 +104,16 @@ def defer_wins(c: CostCoeffs, gain: int, rest: int, behind: int, users: int) -> 
     """no_buffer: defer a request one round when its boundary cut cannot get SGLang's one chunk
     slot this round (another cut holds it), so that it is cut next round.
 
-    Deferring makes it finish two rounds later (its cut next round, its rest the round after):
-    c(1, gain) + c(1, rest), at least. Not deferring, it publishes only its end; the first of
-    its `users` then recomputes the `gain` tokens (the rest of them can wait for that one),
-    work that delays every request finishing after it, estimated by the `behind` ones now
-    (queued or running, the candidate excluded). Pure, rank-identical inputs."""
+    Not deferring, it publishes only its end and the first of its `users` recomputes the `gain`
+    tokens later (the rest of them can wait for that one). Deferring, the slot serves one cut
+    per round, so the work it defers runs in one more round: a round's fixed cost (alpha +
+    gamma) instead of the recompute (beta * gain); either delays every request finishing after
+    it, estimated by the `behind` ones now (queued or running, the candidate excluded), and the
+    request itself. The cut also finishes the request itself a round later (its `rest`). Pure,
+    rank-identical inputs."""
     if users <= 0 or gain <= 0:
         return False
-    delay = c(1, gain) + c(1, rest)
-    return c.beta * gain * (1 + behind) > delay
+    return (c.beta * gain - c.alpha - c.gamma) * (1 + behind) > c(1, rest)
 
 
 FORK, CONTINUATION = "fork", "continuation"
