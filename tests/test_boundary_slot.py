@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from radixflow_sglang.core.boundary import consumers, defer_wins
+from radixflow_sglang.core.boundary import UsageRate, consumers, defer_wins
 from radixflow_sglang.core.cost import CostCoeffs
 from tests.test_boundary import grid_of, make
 
@@ -63,20 +63,38 @@ def zero_hit_followers(res: dict[tuple[int, int], int]) -> int:
 # --- the engine-free rule --------------------------------------------------------------------
 
 
-def test_defer_pays_when_the_recompute_outweighs_a_round():
+def test_defer_pays_when_the_recompute_delays_more_than_the_deferral():
     c = CostCoeffs(alpha=8e-3, beta=1.7e-5, gamma=1e-4)
-    # a 2,048-token recompute (35 ms) against one more round (8.1 ms), for everyone behind
-    assert defer_wins(c, 2048, 64, 0, 1) and defer_wins(c, 2048, 64, 15, 1)
+    # deferring: the request finishes two rounds later (its cut, then its rest)
+    delay = c(1, 2048) + c(1, 64)
+    assert not defer_wins(c, 2048, 64, 0, 1)  # nobody behind: the recompute delays itself only
+    assert defer_wins(c, 2048, 64, 15, 1)  # a backlog: the recompute delays all of it
+    first = next(n for n in range(100) if defer_wins(c, 2048, 64, n, 1))
+    assert c.beta * 2048 * first <= delay < c.beta * 2048 * (1 + first)
     assert not defer_wins(c, 2048, 64, 15, 0)  # no user: nothing to save
-    assert not defer_wins(c, 448, 64, 15, 1)  # 7.6 ms: below a round's fixed cost
-    cheap = CostCoeffs(alpha=8e-3, beta=2.8e-6, gamma=1e-4)  # a small model: tokens cheap
-    assert not defer_wins(cheap, 2048, 64, 15, 1)
-    # its own rest round, against the margin over a round
-    first = next(n for n in range(100) if defer_wins(c, 512, 64, n, 1))
-    margin = c.beta * 512 - c.alpha - c.gamma
-    assert margin * first <= c(1, 64) < margin * (1 + first)
+    assert defer_wins(c, 2048, 64, 15, 3) == defer_wins(c, 2048, 64, 15, 1)  # one recomputes
+    assert not defer_wins(c, 2048, 64, 15, 0.05)  # rarely reused: not worth the wait
     assert consumers(2, computed=True) == 2 and consumers(0, computed=False) == 1
-    assert consumers(0, computed=True) == 0
+    assert consumers(0, computed=True) == 0 and consumers(1, False, 0.25) == 1.25
+
+
+def test_usage_rate_counts_a_state_unused_once_the_window_passed_it():
+    u = UsageRate(window=2)
+    assert u.rate == 1.0  # no evidence: a declaration says the prefix is shared
+    u.published("a", 64)
+    assert u.watching(64) and not u.watching(128)
+    u.hit("a")
+    u.hit("a")  # once per state
+    u.published("b", 128)
+    u.published("c", 64)  # "a" leaves the window, used
+    assert (u.used, u.unused) == (1, 0)
+    u.published("d", 64)  # "b" leaves unused
+    u.hit("b")  # too late: no longer open
+    assert (u.used, u.unused) == (1, 1) and u.rate == pytest.approx(2 / 3)
+    assert not u.watching(128)
+    for k in range(20):
+        u.published(("x", k), 64)
+    assert u.rate < 0.15
 
 
 # --- kit: firsts at once, declared --------------------------------------------------------------
@@ -84,33 +102,41 @@ def test_defer_pays_when_the_recompute_outweighs_a_round():
 
 def test_burst_firsts_each_publish_their_boundary_in_turn():
     """no_buffer, every first at once: only one can be cut at its boundary per round. The
-    others wait for the slot (deferred, one round each) while the recompute it saves
-    outweighs a round, so every group publishes at its boundary and every sibling hits there.
-    Without the deferral the firsts that missed the slot publish only their end, and their
-    siblings recompute the system prompt."""
+    others wait for the slot (deferred, one round each) while the queue behind them makes it
+    pay, so every group publishes at its boundary and every sibling hits there. Without the
+    deferral the firsts that missed the slot publish only their end, and their siblings
+    recompute the system prompt."""
     G = grid_of()
     system = SYSTEM_UNITS * G + 10
     kit = kit_for("declared")
     res = burst_then_siblings(kit, 6, 3, system, G + 3)
-    assert zero_hit_followers(res) == 0
-    assert [p for (_, i), p in sorted(res.items()) if i > 0] == [system] * 18
+    # NOTE: the last first has nobody behind it: waiting would only delay it (the rule says
+    # no), so it publishes its end and its group loses the one sibling that is cut
+    assert zero_hit_followers(res) == 1 and res[5, 1] + res[5, 2] + res[5, 3] == 2 * system
+    assert [p for (g, i), p in sorted(res.items()) if i > 0 and g < 5] == [system] * 15
     b = kit.runtime.boundary
-    assert b.moved["declared"] == 6 and b.deferred == 5 + 4 + 3 + 2 + 1
+    assert b.moved["declared"] == 6 and b.deferred == 5 + 4 + 3 + 2
     assert kit.runtime.summary()["boundaries"]["deferred"] == b.deferred
+    assert b.usage.used == 6  # every boundary state was reused
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
-    # the firsts ran one cut per round, in queue order
+    # the firsts ran one cut per round, in queue order; the last group's cut is a sibling's
     cuts = [r.chunked for r in kit.rounds if r.chunked is not None]
-    assert cuts[:6] == [f"g{g}r0" for g in range(6)]
+    assert cuts == [f"g{g}r0" for g in range(5)] + ["g5r1"]
 
 
-def test_no_deferral_when_the_recompute_costs_less_than_a_round():
-    """Tokens cheap (a small model): waiting a round for the slot costs more than the
-    recompute it saves; the firsts that miss the slot publish their ends, as before."""
+@pytest.mark.parametrize("why", ["tokens cheap", "states unused"])
+def test_no_deferral_when_it_does_not_pay(why):
+    """Tokens cheap (a small model), or boundary states rarely reused so far: waiting a round
+    for the slot costs more than the recompute it expects to save; the firsts that miss the
+    slot publish their ends, as before."""
     G = grid_of()
     system = SYSTEM_UNITS * G + 10
-    kit = make("radixflow", "declared", "no_buffer")
-    kit.runtime.use_prior(CostCoeffs(alpha=1e-3, beta=1e-6, gamma=0.0))
-    res = burst_then_siblings(kit, 3, 1, system, G + 3)
+    kit = kit_for("declared")
+    if why == "tokens cheap":
+        kit.runtime.use_prior(CostCoeffs(alpha=1e-3, beta=1e-6, gamma=0.0))
+    else:
+        kit.runtime.boundary.usage = UsageRate(unused=99)
+    res = burst_then_siblings(kit, 4, 1, system, G + 3)
     assert kit.runtime.boundary.deferred == 0
     assert res[0, 1] == system and res[1, 1] == res[2, 1] == 0
 

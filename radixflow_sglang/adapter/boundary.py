@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixflow_sglang.core.boundary import (
     BoundaryLearner,
+    UsageRate,
     consumers,
     defer_wins,
     publish_at,
@@ -113,6 +114,7 @@ class BoundaryPublisher:
         self._hashes: dict[tuple[str, int], tuple] = {}  # (rid, depth) -> key, across scans
         self._defers: dict[str, int] = {}  # rid -> rounds deferred
         self._done: dict[tuple, None] = {}  # keys published at a boundary (bounded, ordered)
+        self.usage = UsageRate()  # how often a boundary state was reused (future users)
 
     @property
     def active(self) -> bool:
@@ -140,12 +142,15 @@ class BoundaryPublisher:
         if self.learner is not None:
             key = _key(ns, tokens, prefix) if prefix > 0 else None
             self.learner.observe(ns, prefix, key, branching)
+        if prefix > 0 and self.usage.watching(prefix):
+            self.usage.hit(_key(ns, tokens, prefix))
         depth, source = self._target(req, ns, prefix, end - prefix, native_branch)
         if depth is not None and self._publish(req, tokens, ns, depth, adder, cut_ok):
             self.moved[source] += 1
             key = self._key_of(req, tokens, ns, depth)
             self._serving.add(key)
             self._done[key] = None
+            self.usage.published(key, depth)
             if len(self._done) > KEYS:
                 self._done.pop(next(iter(self._done)))
         else:
@@ -195,7 +200,7 @@ class BoundaryPublisher:
         self.deferred += 1
         return True
 
-    def _users(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> int:
+    def _users(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> float:
         selected = {r.rid for r in adder.can_run_list}
         queued = self._groups_at(depth).get(key, 0) - 1  # NOTE: itself excluded
         queued -= sum(1 for r in adder.can_run_list if r is not req and r.rid in selected
@@ -203,7 +208,7 @@ class BoundaryPublisher:
         # NOTE: SGLang's branching depth is the KV hit floored to the grid
         b = req.mamba_branching_seqlen
         return consumers(max(queued, 0), b is not None and b >= depth // self.grid.size
-                         * self.grid.size)
+                         * self.grid.size, self.usage.rate)
 
     def _contested(self, depth: int, key: tuple, adder) -> bool:
         """Another group of >= 2 unselected queued requests wants a boundary at `depth`."""
@@ -270,7 +275,7 @@ class BoundaryPublisher:
             return False
         else:
             key = self._key_of(req, tokens, ns, depth)
-            if (self._users(req, tokens, ns, depth, key, adder) == 0
+            if (self._users(req, tokens, ns, depth, key, adder) <= 0
                     and self._contested(depth, key, adder)):
                 # NOTE: its siblings already ran and none is queued: the one chunk slot goes
                 # to a queued group whose first can be cut and the rest wait for it
@@ -295,7 +300,7 @@ class BoundaryPublisher:
     def summary(self) -> dict:
         return {"mode": self.mode, "moved_declared": self.moved["declared"],
                 "moved_learned": self.moved["learned"], "deferred": self.deferred,
-                "cuts_skipped": self.skipped}
+                "cuts_skipped": self.skipped, "reused_share": round(self.usage.rate, 3)}
 
 
 def _key(ns, tokens, depth: int) -> tuple:
