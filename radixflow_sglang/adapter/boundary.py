@@ -201,10 +201,10 @@ class BoundaryPublisher:
         return True
 
     def _users(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> float:
-        selected = {r.rid for r in adder.can_run_list}
-        queued = self._groups_at(depth).get(key, 0) - 1  # NOTE: itself excluded
-        queued -= sum(1 for r in adder.can_run_list if r is not req and r.rid in selected
-                      and self._hashes.get((r.rid, depth)) == key)
+        # NOTE: itself and its siblings selected this scan excluded (they run now)
+        queued = self._groups_at(depth).get(key, 0) - 1
+        queued -= sum(1 for r in adder.can_run_list
+                      if r is not req and self._hashes.get((r.rid, depth)) == key)
         # NOTE: SGLang's branching depth is the KV hit floored to the grid
         b = req.mamba_branching_seqlen
         return consumers(max(queued, 0), b is not None and b >= depth // self.grid.size
