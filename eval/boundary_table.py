@@ -47,6 +47,8 @@ def cells(workloads: list[str], paced_rate: float) -> list[tuple[str, str, float
     for w in workloads:
         if w == "gsp-paced":
             out += [("gsp-paced", "t0", None), ("gsp-paced", "paced", paced_rate)]
+        elif w == "gsp":  # NOTE: bench_serving's shuffled requests, the burst and issue 15's 16/s
+            out += [("gsp", "burst", None), ("gsp", "poisson16", 16.0)]
         else:
             out.append((w, "default", None))
     return out
@@ -72,7 +74,8 @@ def run(model: str, seed: int, workloads: list[str], paced_rate: float,
 
 
 def _pick(m: dict) -> dict:
-    return {k: m[k] for k in (*METRICS, "zero_hit_after_requests", "after_requests")}
+    return {k: m[k] for k in (*METRICS, "zero_hit_after_requests", "after_requests",
+                              "zero_hit_requests")}
 
 
 def _ratio(a: float, b: float) -> float:
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=tuple(models.names()), default="qwen3.5-4b")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workloads", default="gsp-paced",
-                   help="comma-separated from gsp-paced, multiturn, noshare (default gsp-paced)")
+                   help="comma-separated from gsp-paced, gsp, multiturn, noshare (default "
+                        "gsp-paced)")
     p.add_argument("--paced-rate", type=float, default=4.0,
                    help="groups/s of the paced cell (default 4)")
     p.add_argument("--modes", default=",".join(MODES),
@@ -108,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
     for w in workloads:
-        if w not in ("gsp-paced", "multiturn", "noshare"):
-            p.error(f"--workloads: {w!r} is not one of gsp-paced, multiturn, noshare")
+        if w not in ("gsp-paced", "gsp", "multiturn", "noshare"):
+            p.error(f"--workloads: {w!r} is not one of gsp-paced, gsp, multiturn, noshare")
     modes = tuple(m for m in args.modes.split(",") if m)
     for m in modes:
         if m not in ("off", "declared", "learned", "both"):
