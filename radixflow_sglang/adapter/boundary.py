@@ -29,7 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from radixflow_sglang.core.boundary import BoundaryLearner, publish_at, wants
+from radixflow_sglang.core.boundary import (
+    BoundaryLearner,
+    UsageRate,
+    consumers,
+    defer_wins,
+    publish_at,
+    wants,
+)
 from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.grid import Grid, Layout
 
@@ -42,6 +49,8 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
 FIELD = "radixflow_boundary"
+KEYS = 16_384  # boundary publications remembered (a group already served)
+MAX_DEFER = 16  # rounds a request may be deferred for the chunk slot (bounds its latency)
 FIELD_PATH = f"sampling_params.custom_params.{FIELD}"
 
 
@@ -95,14 +104,32 @@ class BoundaryPublisher:
         self.keep_end = keep_end
         self.cost = cost
         self.moved = {"declared": 0, "learned": 0}
+        self.deferred = 0  # rounds requests were deferred for the chunk slot (no_buffer)
+        self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
         self.cut: Req | None = None  # the request cut at its boundary this scan
+        self._queue: list = []  # this scan's waiting queue (rank-identical)
+        self._queue_rids: set[str] = set()
+        self._groups: dict[int, dict[tuple, int]] = {}  # depth -> key -> queued requests
+        self._serving: set[tuple] = set()  # keys published at their boundary this scan
+        self._hashes: dict[tuple[str, int], tuple] = {}  # (rid, depth) -> key, across scans
+        self._defers: dict[str, int] = {}  # rid -> rounds deferred
+        self._done: dict[tuple, None] = {}  # keys published at a boundary (bounded, ordered)
+        self.usage = UsageRate()  # how often a boundary state was reused (future users)
 
     @property
     def active(self) -> bool:
         return self.declared or self.learned
 
-    def begin_scan(self) -> None:
+    def begin_scan(self, queue=()) -> None:
         self.cut = None
+        self._queue = list(queue)
+        self._queue_rids = {r.rid for r in self._queue}
+        self._groups = {}
+        self._serving = set()
+        if len(self._hashes) > 8 * len(self._queue) + 4096:
+            live = {r.rid for r in self._queue}
+            self._hashes = {k: v for k, v in self._hashes.items() if k[0] in live}
+            self._defers = {k: v for k, v in self._defers.items() if k in live}
 
     def admitted(self, req: Req, tokens, ns, adder: PrefillAdder, cut_ok: bool) -> int | None:
         """Publish `req`'s state at its boundary if one applies; returns the depth or None.
@@ -115,22 +142,105 @@ class BoundaryPublisher:
         if self.learner is not None:
             key = _key(ns, tokens, prefix) if prefix > 0 else None
             self.learner.observe(ns, prefix, key, branching)
-        depth, source = None, None
-        b = declared_boundary(req) if self.declared else None
-        if b is not None:
-            depth, source = publish_at(self.grid, b, prefix, end - prefix), "declared"
-        elif self.learner is not None and not native_branch:
-            native = self.grid.planned_depth(prefix, end - prefix, None)
-            guess = self.learner.predict(ns, prefix, native)
-            if guess is not None:
-                depth, source = publish_at(self.grid, guess, prefix, end - prefix), "learned"
-        if depth is not None and self._publish(req, depth, adder, cut_ok):
+        if prefix > 0 and self.usage.watching(prefix):
+            self.usage.hit(_key(ns, tokens, prefix))
+        depth, source = self._target(req, ns, prefix, end - prefix, native_branch)
+        if depth is not None and self._publish(req, tokens, ns, depth, adder, cut_ok):
             self.moved[source] += 1
+            key = self._key_of(req, tokens, ns, depth)
+            self._serving.add(key)
+            self._done[key] = None
+            self.usage.published(key, depth)
+            if len(self._done) > KEYS:
+                self._done.pop(next(iter(self._done)))
         else:
             depth = None
         if self.learner is not None:
             self._record(req, tokens, ns, depth, native_branch)
         return depth
+
+    def _target(self, req: Req, ns, prefix: int, extend: int,
+                native_branch: bool) -> tuple[int | None, str | None]:
+        """Where this extend should publish (declared, else learned) and the source."""
+        b = declared_boundary(req) if self.declared else None
+        if b is not None:
+            return publish_at(self.grid, b, prefix, extend), "declared"
+        if self.learner is not None and not native_branch:
+            native = self.grid.planned_depth(prefix, extend, None)
+            guess = self.learner.predict(ns, prefix, native)
+            if guess is not None:
+                return publish_at(self.grid, guess, prefix, extend), "learned"
+        return None, None
+
+    def defer(self, req: Req, tokens, ns, adder: PrefillAdder, slot_next: bool, running: int,
+              cap: int = MAX_DEFER) -> bool:
+        """no_buffer: whether to skip `req` this round (before it consumes anything) because its
+        boundary cut cannot get SGLang's one chunk slot now (`adder.new_chunked_req` is taken)
+        but can next round (`slot_next`: no native chunk continues past this round), and
+        waiting for it pays (core/boundary.py `defer_wins`; behind it: the unselected queue
+        and the `running` requests). At most `cap` rounds each."""
+        if (not self.active or self.grid.layout is not Layout.NO_BUFFER or not slot_next
+                or adder.new_chunked_req is None):
+            return False
+        prefix = req.prefix_len
+        extend = len(tokens) - prefix
+        depth, _ = self._target(req, ns, prefix, extend, False)
+        if depth is None or self._defers.get(req.rid, 0) >= cap:
+            return False
+        key = self._key_of(req, tokens, ns, depth)
+        if key in self._serving:
+            return False  # NOTE: a sibling publishes there this round: traversal's case
+        users = self._users(req, tokens, ns, depth, key, adder)
+        c = self.cost() if self.cost is not None else None
+        picked = sum(1 for r in adder.can_run_list if r.rid in self._queue_rids)
+        behind = max(len(self._queue) - picked - 1, 0) + running
+        if c is None or not defer_wins(c, depth - prefix, len(tokens) - depth, behind, users):
+            return False
+        self._defers[req.rid] = self._defers.get(req.rid, 0) + 1
+        self.deferred += 1
+        return True
+
+    def _users(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> float:
+        # NOTE: itself and its siblings selected this scan excluded (they run now)
+        queued = self._groups_at(depth).get(key, 0) - 1
+        queued -= sum(1 for r in adder.can_run_list
+                      if r is not req and self._hashes.get((r.rid, depth)) == key)
+        # NOTE: SGLang's branching depth is the KV hit floored to the grid
+        b = req.mamba_branching_seqlen
+        return consumers(max(queued, 0), b is not None and b >= depth // self.grid.size
+                         * self.grid.size, self.usage.rate)
+
+    def _contested(self, depth: int, key: tuple, adder) -> bool:
+        """Another group of >= 2 unselected queued requests wants a boundary at `depth`."""
+        selected = {r.rid for r in adder.can_run_list}
+        counts = dict(self._groups_at(depth))
+        for r in self._queue:
+            k = self._hashes.get((r.rid, depth))
+            if r.rid in selected and k in counts:
+                counts[k] -= 1
+        return any(n >= 2 for k, n in counts.items()
+                   if k != key and k not in self._serving and k not in self._done)
+
+    def _groups_at(self, depth: int) -> dict[tuple, int]:
+        """This scan's queued requests per key (namespace, depth, prefix hash) at `depth`."""
+        g = self._groups.get(depth)
+        if g is None:
+            g = {}
+            from .runtime import namespace, req_tokens
+
+            for r in self._queue:
+                toks = req_tokens(r)
+                if len(toks) > depth and r.prefix_len < depth:
+                    k = self._key_of(r, toks, namespace(r), depth)
+                    g[k] = g.get(k, 0) + 1
+            self._groups[depth] = g
+        return g
+
+    def _key_of(self, req: Req, tokens, ns, depth: int) -> tuple:
+        k = self._hashes.get((req.rid, depth))
+        if k is None:
+            k = self._hashes[(req.rid, depth)] = _key(ns, tokens, depth)
+        return k
 
     def _record(self, req: Req, tokens, ns, moved: int | None, native_branch: bool) -> None:
         """What this extend publishes, for classifying later hits (core/boundary.py)."""
@@ -154,7 +264,8 @@ class BoundaryPublisher:
         return branching is not None and self.grid.layout is Layout.EXTRA_BUFFER and \
             self.grid.branch_ok(prefix, extend, branching)
 
-    def _publish(self, req: Req, depth: int, adder: PrefillAdder, cut_ok: bool) -> bool:
+    def _publish(self, req: Req, tokens, ns, depth: int, adder: PrefillAdder,
+                 cut_ok: bool) -> bool:
         can_cut = cut_ok and adder.new_chunked_req in (None, req)
         if self.grid.layout is Layout.EXTRA_BUFFER:
             if not (can_cut and self._keep(req, depth)):
@@ -162,6 +273,14 @@ class BoundaryPublisher:
                 return True
         elif not can_cut:
             return False
+        else:
+            key = self._key_of(req, tokens, ns, depth)
+            if (self._users(req, tokens, ns, depth, key, adder) <= 0
+                    and self._contested(depth, key, adder)):
+                # NOTE: its siblings already ran and none is queued: the one chunk slot goes
+                # to a queued group whose first can be cut and the rest wait for it
+                self.skipped += 1
+                return False
         cut_chunk(req, depth, adder)
         self.cut = req
         return True
@@ -180,7 +299,8 @@ class BoundaryPublisher:
 
     def summary(self) -> dict:
         return {"mode": self.mode, "moved_declared": self.moved["declared"],
-                "moved_learned": self.moved["learned"]}
+                "moved_learned": self.moved["learned"], "deferred": self.deferred,
+                "cuts_skipped": self.skipped, "reused_share": round(self.usage.rate, 3)}
 
 
 def _key(ns, tokens, depth: int) -> tuple:

@@ -129,7 +129,7 @@ class RadixFlowRuntime:
         self.round += 1
         self._scan_reqs = {}
         self._fork_chunk = None
-        self.boundary.begin_scan()
+        self.boundary.begin_scan(sched.waiting_queue)
         if self._records() > 2 * len(sched.waiting_queue) + 1024:
             self._prune(sched)
         if self.traversal is None:
@@ -298,6 +298,9 @@ class RadixFlowRuntime:
         left = adder.rem_chunk_tokens
         if left is None or not adder.can_run_list:
             return False
+        if self._boundary_defer(sched, req, adder):
+            release_parked(sched, req)
+            return True
         cut = _chunk_cut(sched, adder, req, left)
         if cut is None:
             return False
@@ -329,6 +332,16 @@ class RadixFlowRuntime:
             self._fork_chunk = req  # NOTE: it holds SGLang's one chunk slot (see defer)
             if self.traversal is not None:
                 self.traversal.fork_slots = 0
+
+    def _boundary_defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        """no_buffer: skip a request whose boundary cut must wait for SGLang's one chunk slot
+        (adapter/boundary.py `BoundaryPublisher.defer`); the slot is free next round when no
+        native chunk continues past this one."""
+        if not self.boundary.active or getattr(req, "session", None) is not None:
+            return False
+        running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
+        return self.boundary.defer(req, req_tokens(req), namespace(req), adder,
+                                   sched.chunked_req is None, running)
 
     def forget(self, rid: str) -> None:
         """The request left the scheduler without being selected (aborted): drop its records."""

@@ -22,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from .cost import CostCoeffs
 from .grid import Grid, Layout
 
 MODES = ("off", "declared", "learned", "both")
@@ -88,6 +89,72 @@ def optimal_placement(depths: Sequence[int], weights: Sequence[float], m: int,
         chosen.append(pts[i])
         i, k = prev[k][i], k - 1
     return sorted(chosen), best[k_best][i_best]
+
+
+def consumers(queued: int, computed: bool, future: float = 1.0) -> float:
+    """Requests expected to reuse a boundary state: the siblings queued now (same namespace,
+    same prefix to the boundary, not selected), plus `future` ones (the share of earlier
+    boundary states that were reused, `UsageRate`) unless the prefix to the boundary was
+    computed before without a state there (SGLang's match found KV beyond the ready prefix,
+    `mamba_branching_seqlen`): then the siblings it was declared for have already run and
+    none is expected beyond the queue."""
+    return queued + (0.0 if computed else future)
+
+
+def defer_wins(c: CostCoeffs, gain: int, rest: int, behind: int, users: float) -> bool:
+    """no_buffer: defer a request one round when its boundary cut cannot get SGLang's one chunk
+    slot this round (another cut holds it), so that it is cut next round.
+
+    Not deferring, it publishes only its end, and the first of its `users` (if any: at most
+    one, with probability min(users, 1)) recomputes the `gain` tokens, work that delays every
+    request finishing after it, estimated by the `behind` ones now (queued or running, the
+    candidate excluded), and itself; the other users wait for that one's cut either way.
+    Deferring delays the request itself: its cut next round and its rest the round after,
+    c(1, gain) + c(1, rest). Pure, rank-identical inputs."""
+    if users <= 0 or gain <= 0:
+        return False
+    return min(users, 1.0) * c.beta * gain * (1 + behind) > c(1, gain) + c(1, rest)
+
+
+@dataclass
+class UsageRate:
+    """The share of boundary states that a later request reused: a state counts as used at
+    its first hit, as unused once `window` later states were published without a hit.
+    Laplace-smoothed (1 before any evidence: a declaration says the prefix is shared)."""
+
+    window: int = 64
+    used: int = 0
+    unused: int = 0
+    _open: deque = field(default_factory=deque)  # (key, depth) of recent states, oldest first
+    _state: dict = field(default_factory=dict)  # key -> hit yet
+    _depths: Counter = field(default_factory=Counter)  # depths of the open states
+
+    def published(self, key: Hashable, depth: int) -> None:
+        if key in self._state:
+            return
+        self._open.append((key, depth))
+        self._state[key] = False
+        self._depths[depth] += 1
+        while len(self._open) > self.window:
+            old, d = self._open.popleft()
+            self._depths[d] -= 1
+            if not self._depths[d]:
+                del self._depths[d]
+            if not self._state.pop(old):
+                self.unused += 1
+
+    def watching(self, depth: int) -> bool:
+        """Whether a state at `depth` is open (a cheap test before hashing a prefix)."""
+        return depth in self._depths
+
+    def hit(self, key: Hashable) -> None:
+        if self._state.get(key) is False:
+            self._state[key] = True
+            self.used += 1
+
+    @property
+    def rate(self) -> float:
+        return (self.used + 1) / (self.used + self.unused + 1)
 
 
 FORK, CONTINUATION = "fork", "continuation"

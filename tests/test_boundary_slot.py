@@ -1,0 +1,195 @@
+"""Publication boundaries when SGLang's one chunk slot is contended (issue 15, no_buffer).
+
+A no_buffer request publishes its boundary only as SGLang's one chunked request (a cut), so
+when several groups' requests meet in one scan only one of them can cut there. Shape: groups
+whose firsts all arrive at once (the gsp burst), then each group's siblings together; the
+kit runs SGLang's real cache, pools, Req and scan on CPU. Depths derive from the grid.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixflow_sglang.core.boundary import UsageRate, consumers, defer_wins
+from radixflow_sglang.core.cost import CostCoeffs
+from tests.test_boundary import grid_of, make
+
+SYSTEM_UNITS = 4  # system prompt: 4 grid units + 10
+# NOTE: tokens dear (0.1 ms each, 1 ms a round): a short prompt's recompute outweighs a round,
+# as a 2,048-token one does at the generic prior; the kit's scans stay small and fast.
+DEAR_TOKENS = CostCoeffs(alpha=1e-3, beta=1e-4, gamma=0.0)
+
+
+def kit_for(mode: str):
+    kit = make("radixflow", mode, "no_buffer")
+    kit.runtime.use_prior(DEAR_TOKENS)
+    return kit
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(100, 200_000) for _ in range(n)]
+
+
+def burst_then_siblings(kit, groups: int, siblings: int, system: int, question: int,
+                        declare_first: bool = True, seed: int = 0) -> dict[tuple[int, int], int]:
+    """Every group's first at once; once all finished, every group's siblings at once.
+    Returns (group, index) -> ready prefix when first scheduled."""
+    rng = random.Random(seed)
+    prompts = [_ids(rng, system) for _ in range(groups)]
+    b = system
+
+    def req(g: int, i: int, declare: bool):
+        return kit.req(f"g{g}r{i}", prompts[g] + _ids(rng, question),
+                       boundary=b if declare else None)
+
+    kit.submit(*[req(g, 0, declare_first) for g in range(groups)])
+    rounds = kit.drain()
+    kit.submit(*[req(g, i, True) for g in range(groups) for i in range(1, siblings + 1)])
+    rounds += kit.drain()
+    out = {}
+    for r in rounds:
+        for rid, p in r.prefix.items():
+            g, i = rid[1:].split("r")
+            out.setdefault((int(g), int(i)), p)
+    return out
+
+
+def zero_hit_followers(res: dict[tuple[int, int], int]) -> int:
+    return sum(1 for (_, i), p in res.items() if i > 0 and p == 0)
+
+
+# --- the engine-free rule --------------------------------------------------------------------
+
+
+def test_defer_pays_when_the_recompute_delays_more_than_the_deferral():
+    c = CostCoeffs(alpha=8e-3, beta=1.7e-5, gamma=1e-4)
+    # deferring: the request finishes two rounds later (its cut, then its rest)
+    delay = c(1, 2048) + c(1, 64)
+    assert not defer_wins(c, 2048, 64, 0, 1)  # nobody behind: the recompute delays itself only
+    assert defer_wins(c, 2048, 64, 15, 1)  # a backlog: the recompute delays all of it
+    first = next(n for n in range(100) if defer_wins(c, 2048, 64, n, 1))
+    assert c.beta * 2048 * first <= delay < c.beta * 2048 * (1 + first)
+    assert not defer_wins(c, 2048, 64, 15, 0)  # no user: nothing to save
+    assert defer_wins(c, 2048, 64, 15, 3) == defer_wins(c, 2048, 64, 15, 1)  # one recomputes
+    assert not defer_wins(c, 2048, 64, 15, 0.05)  # rarely reused: not worth the wait
+    assert consumers(2, computed=True) == 2 and consumers(0, computed=False) == 1
+    assert consumers(0, computed=True) == 0 and consumers(1, False, 0.25) == 1.25
+
+
+def test_usage_rate_counts_a_state_unused_once_the_window_passed_it():
+    u = UsageRate(window=2)
+    assert u.rate == 1.0  # no evidence: a declaration says the prefix is shared
+    u.published("a", 64)
+    assert u.watching(64) and not u.watching(128)
+    u.hit("a")
+    u.hit("a")  # once per state
+    u.published("b", 128)
+    u.published("c", 64)  # "a" leaves the window, used
+    assert (u.used, u.unused) == (1, 0)
+    u.published("d", 64)  # "b" leaves unused
+    u.hit("b")  # too late: no longer open
+    assert (u.used, u.unused) == (1, 1) and u.rate == pytest.approx(2 / 3)
+    assert not u.watching(128)
+    for k in range(20):
+        u.published(("x", k), 64)
+    assert u.rate < 0.15
+
+
+# --- kit: firsts at once, declared --------------------------------------------------------------
+
+
+def test_burst_firsts_each_publish_their_boundary_in_turn():
+    """no_buffer, every first at once: only one can be cut at its boundary per round. The
+    others wait for the slot (deferred, one round each) while the queue behind them makes it
+    pay, so every group publishes at its boundary and every sibling hits there. Without the
+    deferral the firsts that missed the slot publish only their end, and their siblings
+    recompute the system prompt."""
+    G = grid_of()
+    system = SYSTEM_UNITS * G + 10
+    kit = kit_for("declared")
+    res = burst_then_siblings(kit, 6, 3, system, G + 3)
+    # NOTE: the last first has nobody behind it: waiting would only delay it (the rule says
+    # no), so it publishes its end and its group loses the one sibling that is cut
+    assert zero_hit_followers(res) == 1 and res[5, 1] + res[5, 2] + res[5, 3] == 2 * system
+    assert [p for (g, i), p in sorted(res.items()) if i > 0 and g < 5] == [system] * 15
+    b = kit.runtime.boundary
+    assert b.moved["declared"] == 6 and b.deferred == 5 + 4 + 3 + 2
+    assert kit.runtime.summary()["boundaries"]["deferred"] == b.deferred
+    assert b.usage.used == 6  # every boundary state was reused
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+    # the firsts ran one cut per round, in queue order; the last group's cut is a sibling's
+    cuts = [r.chunked for r in kit.rounds if r.chunked is not None]
+    assert cuts == [f"g{g}r0" for g in range(5)] + ["g5r1"]
+
+
+@pytest.mark.parametrize("why", ["tokens cheap", "states unused"])
+def test_no_deferral_when_it_does_not_pay(why):
+    """Tokens cheap (a small model), or boundary states rarely reused so far: waiting a round
+    for the slot costs more than the recompute it expects to save; the firsts that miss the
+    slot publish their ends, as before."""
+    G = grid_of()
+    system = SYSTEM_UNITS * G + 10
+    kit = kit_for("declared")
+    if why == "tokens cheap":
+        kit.runtime.use_prior(CostCoeffs(alpha=1e-3, beta=1e-6, gamma=0.0))
+    else:
+        kit.runtime.boundary.usage = UsageRate(unused=99)
+    res = burst_then_siblings(kit, 4, 1, system, G + 3)
+    assert kit.runtime.boundary.deferred == 0
+    assert res[0, 1] == system and res[1, 1] == res[2, 1] == 0
+
+
+# --- kit: the firsts published nothing usable; their siblings arrive together ----------------
+
+
+def test_siblings_arriving_together_lose_one_per_group():
+    """The firsts declared nothing (their one state is at their end). Each group's siblings
+    arrive together with the whole system prompt to recompute: one of them is cut at the
+    boundary and the rest wait for it; a group that misses the slot waits a round for it
+    rather than recomputing every sibling."""
+    G = grid_of()
+    system = SYSTEM_UNITS * G + 10
+    kit = kit_for("declared")
+    res = burst_then_siblings(kit, 4, 3, system, G + 3, declare_first=False)
+    assert zero_hit_followers(res) == 4  # exactly the one cut per group
+    for g in range(4):
+        assert sorted(res[g, i] for i in (1, 2, 3)) == [0, system, system]
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_the_slot_goes_to_a_queued_group_not_to_a_sibling_whose_group_already_ran():
+    """A request whose siblings already ran (the KV of its prefix is in the tree, no state)
+    and none is queued: cutting it serves nobody and takes the one slot from a queued group,
+    whose first is cut instead, in the same round."""
+    G = grid_of()
+    system = SYSTEM_UNITS * G + 10
+    rng = random.Random(1)
+    kit = kit_for("declared")
+    a, b = _ids(rng, system), _ids(rng, system)
+    kit.submit(kit.req("a0", a + _ids(rng, G + 3)), kit.req("b0", b + _ids(rng, G + 3)))
+    kit.drain()
+    kit.submit(kit.req("a1", a + _ids(rng, G + 3), boundary=system),
+               *[kit.req(f"b{i}", b + _ids(rng, G + 3), boundary=system) for i in (1, 2, 3)])
+    rounds = kit.drain()
+    assert rounds[0].chunked == "b1" and rounds[0].extend["a1"] == system + G + 3
+    assert [rounds[1].prefix[f"b{i}"] for i in (2, 3)] == [system, system]
+    assert kit.runtime.boundary.skipped == 1
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+@pytest.mark.parametrize("mode", ["learned", "both"])
+def test_learned_siblings_arriving_together_lose_at_most_one_per_group(mode):
+    """Learned, firsts at once: nothing has forked yet, so the firsts publish their ends;
+    once the first group's siblings taught the fork depth, each later group loses one sibling
+    (its cut) and the rest wait for it."""
+    G = grid_of()
+    system = SYSTEM_UNITS * G + 10
+    kit = kit_for(mode)
+    res = burst_then_siblings(kit, 5, 3, system, G + 3, declare_first=False, seed=2)
+    if mode == "both":
+        assert zero_hit_followers(res) == 5  # the siblings declared: one cut per group
+    else:
+        assert zero_hit_followers(res) <= 5 + 1  # the first group teaches it (support 2)
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
