@@ -27,6 +27,20 @@ entry (`--model`, radixflow_sglang/models.py: its dummy-weight dir and the paper
   stock,radixflow): SGLang's own `python -m sglang.bench_serving` against a fresh server per
   policy (eval/bench_arm.py). `--no-replay` runs only these.
 
+Workloads: the paper's (race, quality, mix, synthetic: --regime --order --questions) or the
+traffic ones of eval/traffic.py (gsp, gsp-paced, nsample, multiturn, noshare) with eval.replay's
+shape flags, checked as it checks them (an error names the flag). The client sends each
+request's own max_new_tokens and declared boundary (`custom_params.radixflow_boundary`, to
+every arm: stock ignores it), releases `after` questions when their predecessor completed, and
+for nsample warm sends one request with SGLang's `n` (its tokenizer manager sends the warm
+request). `--boundaries declared,learned` starts one radixflow server per
+`--radixflow-boundaries` mode (arms POLICY, POLICY-learned, ...).
+
+The twin (`--twin`, default on): after the live arms, each ids arm's policy and boundary mode
+replays the same workload through eval/twin.py in virtual time (on CPU with the simulated
+executor's cost model and the mamba layout the arm's server resolved; free scans), and
+report.md puts its scheduled tokens, zero-hit followers and latency next to the live ones.
+
 Every arm gets the same server arguments and the same offered trace; arms are isolated by a
 fresh server each and by per-arm cache namespaces (`extra_key`). A failed arm is recorded with
 its error text and no numbers. Outputs: OUT/summary.json ({"config", "arms", "audit"}, the
