@@ -187,9 +187,34 @@ def prefill_lines(config: Mapping[str, Any], arms: Mapping[str, LiveArm]) -> lis
              "zero-hit / all. twin: the same workload, policy and boundary mode through "
              "eval/twin.py in virtual time" + _twin_note(config, arms) + ".", ""]
     lines += table(PREFILL_HEADERS, prefill_rows(arms)) + [""]
+    lines += prefix_once_lines(config.get("shape") or {}, arms)
     failed = {n: a.twin["error"] for n, a in arms.items() if a.twin and a.twin.get("failed")}
     lines += [f"- twin for {n} FAILED: {e[:300]}" for n, e in failed.items()]
     return lines + ([""] if failed else [])
+
+
+def prefix_once_tokens(shape: Mapping[str, Any]) -> int | None:
+    """gsp / gsp-paced: the work of computing each group's prefix once (issue 12: groups x
+    (system + question) + groups x (prompts - 1) x question), else None."""
+    if shape.get("workload") not in ("gsp", "gsp-paced"):
+        return None
+    g, p = shape["groups"], shape["prompts_per_group"]
+    return g * (shape["system_len"] + shape["question_len"]) + g * (p - 1) * shape["question_len"]
+
+
+def prefix_once_lines(shape: Mapping[str, Any], arms: Mapping[str, LiveArm]) -> list[str]:
+    once = prefix_once_tokens(shape)
+    if not once:
+        return []
+    out = [f"Scheduled over prefix once ({once:,} tokens: each group's system prompt and "
+           "question once, then every other question):", ""]
+    for name, a in arms.items():
+        if a.ok and not name.endswith("-fork"):
+            t = a.twin if a.twin and not a.twin.get("failed") else {}
+            live, tw = live_sched(a.metrics), t.get("scheduled_tokens")
+            out.append(f"- {name}: live {fmt(live / once if live is not None else None, 2)}x, "
+                       f"twin {fmt(tw / once if tw is not None else None, 2)}x")
+    return out + [""]
 
 
 def _twin_note(config: Mapping[str, Any], arms: Mapping[str, LiveArm]) -> str:

@@ -206,3 +206,14 @@ def test_run_arms_gsp_paced_end_to_end(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Scheduled prefill, zero-hit followers, latency: live and twin" in report
     assert "0 / 4" in report
+
+
+def test_gsp_reports_scheduled_over_the_prefix_once_work():
+    shape = {"workload": "gsp", "groups": 16, "prompts_per_group": 4, "system_len": 2048,
+             "question_len": 64}
+    assert arms_report.prefix_once_tokens(shape) == 36_864  # issue 12's figure
+    assert arms_report.prefix_once_tokens({"workload": "noshare"}) is None
+    arms = {"stock": LiveArm("stock", metrics=_metrics(73_728, 0, 0.4, False),
+                             twin=_twin(36_864, 0, 0.2))}
+    text = "\n".join(arms_report.prefix_once_lines(shape, arms))
+    assert "- stock: live 2.00x, twin 1.00x" in text and "36,864 tokens" in text
