@@ -42,6 +42,7 @@ class LiveArm:
     records: list[dict[str, Any]] = field(default_factory=list)
     command: str = ""
     error_detail: str | None = None  # the error with its server log tail
+    twin: dict[str, Any] | None = None  # the twin's prediction (eval/run_arms.py TWIN_KEYS)
 
     @property
     def ok(self) -> bool:
@@ -121,7 +122,121 @@ def arm_summary(arm: LiveArm, base: LiveArm | None) -> dict[str, Any]:
     out["replay_wall_s"] = arm.replay_wall_s
     if base is not None and base.ok and base is not arm:
         out["vs_stock"] = ratios(arm.metrics, base.metrics)
+    if arm.twin is not None:
+        out["twin"] = dict(arm.twin)
+        bt = base.twin if base is not None and base is not arm else None
+        if bt is not None and not bt.get("failed") and not arm.twin.get("failed"):
+            out["twin"]["vs_stock"] = {k: _ratio(arm.twin.get(k), bt.get(k))
+                                       for k in PREFILL_RATIO_KEYS}
     return out
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduled prefill and zero-hit followers: live next to the twin
+# --------------------------------------------------------------------------------------------
+
+PREFILL_RATIO_KEYS = ("scheduled_tokens", "latency_mean_s", "latency_p95_s",
+                      "request_latency_mean_s")
+PREFILL_HEADERS = ["arm", "scheduled (SGLang log)", "vs stock", "scheduled (trace)",
+                   "twin scheduled", "twin vs stock", "zero-hit requests", "twin",
+                   "zero-hit followers", "twin", "lat mean (s)", "vs stock", "lat p95 (s)",
+                   "twin lat mean (s)", "twin vs stock", "req lat mean (s)", "twin req lat (s)"]
+
+
+def live_sched(m: Mapping[str, Any]) -> Any:
+    """What the server scheduled in the replay window: SGLang's own log lines (every arm)."""
+    return m.get("scheduled_tokens_sglang_log")
+
+
+def _followers(m: Mapping[str, Any] | None) -> str:
+    if not m or m.get("after_requests") is None:
+        return "-"
+    return f"{m['zero_hit_after_requests']} / {m['after_requests']}"
+
+
+def prefill_rows(arms: Mapping[str, LiveArm]) -> list[list[str]]:
+    base = arms.get(BASELINE)
+    bm = base.metrics if base is not None and base.ok else None
+    bt = base.twin if base is not None and base.twin and not base.twin.get("failed") else None
+    rows = []
+    for name, a in arms.items():
+        if not a.ok or name.endswith("-fork"):
+            continue
+        m = a.metrics
+        t = a.twin if a.twin and not a.twin.get("failed") else {}
+        trace = m["scheduled_tokens"] if m.get("counters") == "radixflow trace" else None
+
+        def vs(x, b):
+            return "-" if x is None or not b else f"{x / b:.2f}x"
+
+        rows.append([
+            name, fmt(live_sched(m)), vs(live_sched(m), bm and live_sched(bm)), fmt(trace),
+            fmt(t.get("scheduled_tokens")), vs(t.get("scheduled_tokens"),
+                                               bt and bt.get("scheduled_tokens")),
+            fmt(m.get("zero_hit_requests")), fmt(t.get("zero_hit_requests")),
+            _followers(m), _followers(t),
+            fmt(m["latency_mean_s"]), vs(m["latency_mean_s"], bm and bm["latency_mean_s"]),
+            fmt(m["latency_p95_s"]), fmt(t.get("latency_mean_s")),
+            vs(t.get("latency_mean_s"), bt and bt.get("latency_mean_s")),
+            fmt(m.get("request_latency_mean_s")), fmt(t.get("request_latency_mean_s"))])
+    return rows
+
+
+def prefill_lines(config: Mapping[str, Any], arms: Mapping[str, LiveArm]) -> list[str]:
+    lines = ["## Scheduled prefill, zero-hit followers, latency: live and twin", "",
+             "scheduled (SGLang log): the new tokens of SGLang's own \"Prefill batch\" log "
+             "lines in the replay window, every arm alike (chunks included); trace: the "
+             "--radixflow-trace rounds (radixflow arms). zero-hit: requests whose "
+             "meta_info.cached_tokens was 0; followers: requests released `after` another "
+             "question (gsp-paced siblings, later turns, n samples after a warm request), "
+             "zero-hit / all. twin: the same workload, policy and boundary mode through "
+             "eval/twin.py in virtual time" + _twin_note(config, arms) + ".", ""]
+    lines += table(PREFILL_HEADERS, prefill_rows(arms)) + [""]
+    lines += prefix_once_lines(config.get("shape") or {}, arms)
+    failed = {n: a.twin["error"] for n, a in arms.items() if a.twin and a.twin.get("failed")}
+    lines += [f"- twin for {n} FAILED: {e[:300]}" for n, e in failed.items()]
+    return lines + ([""] if failed else [])
+
+
+def prefix_once_tokens(shape: Mapping[str, Any]) -> int | None:
+    """gsp / gsp-paced: the work of computing each group's prefix once (issue 12: groups x
+    (system + question) + groups x (prompts - 1) x question), else None."""
+    if shape.get("workload") not in ("gsp", "gsp-paced"):
+        return None
+    g, p = shape["groups"], shape["prompts_per_group"]
+    return g * (shape["system_len"] + shape["question_len"]) + g * (p - 1) * shape["question_len"]
+
+
+def prefix_once_lines(shape: Mapping[str, Any], arms: Mapping[str, LiveArm]) -> list[str]:
+    once = prefix_once_tokens(shape)
+    if not once:
+        return []
+    out = [f"Scheduled over prefix once ({once:,} tokens: each group's system prompt and "
+           "question once, then every other question):", ""]
+    for name, a in arms.items():
+        if a.ok and not name.endswith("-fork"):
+            t = a.twin if a.twin and not a.twin.get("failed") else {}
+            live, tw = live_sched(a.metrics), t.get("scheduled_tokens")
+            out.append(f"- {name}: live {fmt(live / once if live is not None else None, 2)}x, "
+                       f"twin {fmt(tw / once if tw is not None else None, 2)}x")
+    return out + [""]
+
+
+def _twin_note(config: Mapping[str, Any], arms: Mapping[str, LiveArm]) -> str:
+    twins = [a.twin for a in arms.values() if a.twin]
+    if not twins:
+        return " (not run: --no-twin)"
+    layouts = sorted({t["layout"] for t in twins})
+    note = f" ({twins[0]['cost_model']} cost model, free scans, layout {', '.join(layouts)}"
+    if config.get("n_param"):
+        note += "; the live client sends SGLang's `n` and its warm request is the tokenizer "
+        note += "manager's, inside the question's latency, where the twin counts the warm "
+        note += "question apart"
+    return note + ")"
 
 
 def _vs(r: Mapping[str, float | None], k: str) -> str:
@@ -301,6 +416,7 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
               "meta_info.cached_tokens). Rounds, rows/round, blocked come from the server's "
               "--radixflow-trace; the stock arm has no trace, so they are '-' (unknown) there "
               "and its scheduled tokens are prompt - cached.", ""]
+    lines += prefill_lines(config, arms)
     forks = fork_arms(arms)
     if forks:
         lines += fork_lines(forks, fork_aud or {})

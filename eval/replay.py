@@ -86,18 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "workloads' own defaults, see above)")
     p.add_argument("--questions", type=_positive_int, default=None,
                    help="questions per segment, paper workloads only (default 200)")
-    shape = p.add_argument_group("traffic workload shape (eval/traffic.py; default: the "
-                                 "workload's own)")
-    for name in all_shape_fields():
-        if name == "nsample_mode":
-            shape.add_argument(flag(name), choices=NSAMPLE_MODES, default=None)
-        elif name == "think_s":
-            shape.add_argument(flag(name), type=cli.non_negative(float, "a number"),
-                               default=None, help="mean think gap between turns, seconds")
-        else:
-            kind = cli.non_negative(int, "an integer") if name == "output_len" else \
-                cli.positive(int, "an integer")
-            shape.add_argument(flag(name), type=kind, default=None)
+    add_shape_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default out/WORKLOAD-MODEL)")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, default="extra_buffer",
@@ -118,6 +107,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "shared/data)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The traffic workloads' shape flags (default None: the workload's own); eval/run_arms.py
+    takes the same."""
+    shape = p.add_argument_group("traffic workload shape (eval/traffic.py; default: the "
+                                 "workload's own)")
+    for name in all_shape_fields():
+        if name == "nsample_mode":
+            shape.add_argument(flag(name), choices=NSAMPLE_MODES, default=None)
+        elif name == "think_s":
+            shape.add_argument(flag(name), type=cli.non_negative(float, "a number"),
+                               default=None, help="mean think gap between turns, seconds")
+        else:
+            kind = cli.non_negative(int, "an integer") if name == "output_len" else \
+                cli.positive(int, "an integer")
+            shape.add_argument(flag(name), type=kind, default=None)
 
 
 def check_workload_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:

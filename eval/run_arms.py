@@ -27,6 +27,20 @@ entry (`--model`, radixflow_sglang/models.py: its dummy-weight dir and the paper
   stock,radixflow): SGLang's own `python -m sglang.bench_serving` against a fresh server per
   policy (eval/bench_arm.py). `--no-replay` runs only these.
 
+Workloads: the paper's (race, quality, mix, synthetic: --regime --order --questions) or the
+traffic ones of eval/traffic.py (gsp, gsp-paced, nsample, multiturn, noshare) with eval.replay's
+shape flags, checked as it checks them (an error names the flag). The client sends each
+request's own max_new_tokens and declared boundary (`custom_params.radixflow_boundary`, to
+every arm: stock ignores it), releases `after` questions when their predecessor completed, and
+for nsample warm sends one request with SGLang's `n` (its tokenizer manager sends the warm
+request). `--boundaries declared,learned` starts one radixflow server per
+`--radixflow-boundaries` mode (arms POLICY, POLICY-learned, ...).
+
+The twin (`--twin`, default on): after the live arms, each ids arm's policy and boundary mode
+replays the same workload through eval/twin.py in virtual time (on CPU with the simulated
+executor's cost model and the mamba layout the arm's server resolved; free scans), and
+report.md puts its scheduled tokens, zero-hit followers and latency next to the live ones.
+
 Every arm gets the same server arguments and the same offered trace; arms are isolated by a
 fresh server each and by per-arm cache namespaces (`extra_key`). A failed arm is recorded with
 its error text and no numbers. Outputs: OUT/summary.json ({"config", "arms", "audit"}, the
@@ -55,7 +69,10 @@ from typing import Any
 
 from eval import bench_arm, cli
 from eval.arms_report import BASELINE, STOCK_FORK, LiveArm, write_outputs
+from eval.replay import PAPER_WORKLOADS, WORKLOAD_CHOICES, add_shape_args, check_workload_flags
+from eval.traffic import WORKLOADS as TRAFFIC_WORKLOADS
 from radixflow_sglang import models
+from radixflow_sglang.core.boundary import MODES as BOUNDARY_MODES
 from radixflow_sglang.core.policy import POLICIES
 from radixflow_sglang.testing.server import (
     Server,
@@ -64,13 +81,14 @@ from radixflow_sglang.testing.server import (
     http_json,
 )
 
-WORKLOAD_CHOICES = ("race", "quality", "mix", "synthetic")
 REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
 ORDER_CHOICES = ("forward", "reverse", "both")
 FORK_ARM = "radixflow-fork"
 FORK_ARMS = ((STOCK_FORK, BASELINE), (FORK_ARM, "radixflow"))  # (arm name, policy)
 FORK_NAMESPACE = "fork/"  # the prompt's tag line: "[fork/<workload namespace>]"
 SIM_DEFAULTS = {"alpha": 0.005, "beta": 2e-6, "gamma": 1e-4}  # adapter/simulated.py CostModel
+PAPER_DEFAULTS = {"regime": "all", "order": "both", "questions": 16}
+SERVER_BOUNDARIES = "declared"  # --radixflow-boundaries' default (radixflow_sglang/config.py)
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,17 +106,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve this directory instead (default: the model's dummy-weight dir)")
     p.add_argument("--policies", type=cli.policies, default=list(POLICIES),
                    help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)")
-    p.add_argument("--fork-arm", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--fork-arm", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the SGLang frontend fork program against a stock and a "
-                        "radixflow server (arms stock-fork, radixflow-fork)")
+                        "radixflow server (arms stock-fork, radixflow-fork; default: on for "
+                        "the paper workloads, which it takes, off for the others)")
+    p.add_argument("--boundaries", type=boundary_modes, default=[SERVER_BOUNDARIES],
+                   help="--radixflow-boundaries of the radixflow policies' servers, comma-"
+                        f"separated from: {', '.join(BOUNDARY_MODES)}; one arm per policy and "
+                        f"mode, named POLICY for {SERVER_BOUNDARIES} (the server default) and "
+                        "POLICY-MODE otherwise (default: %(default)s)")
+    p.add_argument("--twin", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay the same workload through the twin (eval/twin.py) per arm, "
+                        "its prediction next to the live figures (simulated executor: with "
+                        "its cost model; default on)")
     p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
                    help="replay the workload (the policies' arms and the fork arms); "
                         "--no-replay runs only the --bench arms")
-    p.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mix")
-    p.add_argument("--regime", choices=REGIME_CHOICES, default="all")
-    p.add_argument("--order", choices=ORDER_CHOICES, default="both")
-    p.add_argument("--questions", type=cli.positive(int), default=16, help="per segment")
-    p.add_argument("--rate", type=cli.positive(float), default=5.0, help="questions/s (Poisson)")
+    p.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mix",
+                   help="the paper's four-branch workloads or the traffic ones (eval/traffic.py, "
+                        "their shape flags below, as eval.replay takes them)")
+    p.add_argument("--regime", choices=REGIME_CHOICES, default=None,
+                   help="paper workloads only (default all)")
+    p.add_argument("--order", choices=ORDER_CHOICES, default=None,
+                   help="paper workloads only (default both)")
+    p.add_argument("--questions", type=cli.positive(int), default=None,
+                   help="per segment, paper workloads only (default 16)")
+    p.add_argument("--rate", type=cli.positive(float), default=None,
+                   help="questions/s, Poisson (default 5; the traffic workloads' own, see "
+                        "python -m eval.replay --help; inf = all at once)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--port-base", type=int, default=None,
@@ -114,8 +149,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=cli.positive(float), default=600.0)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--no-progress", action="store_true")
+    add_shape_args(p)
     add_bench_args(p)
     return p
+
+
+def boundary_modes(text: str) -> list[str]:
+    """`--boundaries`: comma-separated from core/boundary.py MODES, each once."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in BOUNDARY_MODES]
+    if bad or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r} (choose from {', '.join(BOUNDARY_MODES)}, comma-separated, "
+            "each once)")
+    return names
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """Workload flags as eval.replay checks them (errors name the flag), run_arms' own paper
+    defaults, the fork arm's default; returns the traffic shape given (field -> value)."""
+    if not args.replay and not args.bench:
+        p.error(f"--no-replay needs --bench (choose from {', '.join(bench_arm.BENCHES)}): "
+                "nothing to run")
+    if args.workload in PAPER_WORKLOADS:
+        for k, v in PAPER_DEFAULTS.items():
+            if getattr(args, k) is None:
+                setattr(args, k, v)
+    shape = check_workload_flags(p, args)
+    traffic = args.workload in TRAFFIC_WORKLOADS
+    if args.fork_arm is None:
+        args.fork_arm = not traffic
+    elif args.fork_arm and traffic:
+        p.error(f"--fork-arm sends the paper's four-branch frontend program (s.fork(4)); it "
+                f"does not apply to --workload {args.workload} (use --no-fork-arm, or one of "
+                f"{', '.join(PAPER_WORKLOADS)})")
+    if args.replay and not any(pol != BASELINE for pol in args.policies) \
+            and args.boundaries != [SERVER_BOUNDARIES]:
+        p.error("--boundaries applies to the radixflow policies' servers; --policies "
+                f"{','.join(args.policies)} has none")
+    return shape
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -179,14 +251,22 @@ class ArmSpec:
     name: str
     policy: str
     fork: bool = False  # drive it with the SGLang frontend program
+    boundaries: str = SERVER_BOUNDARIES  # --radixflow-boundaries (radixflow policies)
 
     @property
     def traced(self) -> bool:
         return self.policy != BASELINE
 
 
-def arm_specs(policies: Sequence[str], fork_arm: bool) -> list[ArmSpec]:
-    specs = [ArmSpec(p, p) for p in policies]
+def arm_specs(policies: Sequence[str], fork_arm: bool,
+              boundaries: Sequence[str] = (SERVER_BOUNDARIES,)) -> list[ArmSpec]:
+    """stock once; every other policy once per boundary mode (named POLICY for the server's
+    default mode, POLICY-MODE otherwise); then the fork arms."""
+    specs = []
+    for p in policies:
+        modes = [SERVER_BOUNDARIES] if p == BASELINE else boundaries
+        specs += [ArmSpec(p if m == SERVER_BOUNDARIES else f"{p}-{m}", p, boundaries=m)
+                  for m in modes]
     if fork_arm:
         specs += [ArmSpec(name, policy, fork=True) for name, policy in FORK_ARMS]
     return specs
@@ -208,8 +288,10 @@ def server_cmd(spec: ArmSpec, stock_cmd: str, common: list[str], trace: Path) ->
             return [py, "-m", "sglang.launch_server", *common]
         return [py, "-m", "radixflow_sglang.launch_server", "--radixflow-policy", "stock",
                 *common]
+    mode = ([] if spec.boundaries == SERVER_BOUNDARIES
+            else ["--radixflow-boundaries", spec.boundaries])
     return [py, "-m", "radixflow_sglang.launch_server", "--radixflow-policy", spec.policy,
-            "--radixflow-trace", str(trace), *common]
+            "--radixflow-trace", str(trace), *mode, *common]
 
 
 def server_env() -> dict[str, str]:
@@ -237,7 +319,9 @@ def namespace_prefix(spec: ArmSpec) -> str:
     return FORK_NAMESPACE if spec.fork else f"{spec.name}/"
 
 
-def make_sender(spec: ArmSpec, base: str, pool: int, model: str):
+def make_sender(spec: ArmSpec, base: str, pool: int, model: str, n_param: bool = False):
+    """The fork program for the fork arms; else one /generate per branch (`n_param`: one with
+    SGLang's `n` for n identical branches, nsample warm)."""
     from eval import client
 
     if spec.fork:
@@ -246,7 +330,7 @@ def make_sender(spec: ArmSpec, base: str, pool: int, model: str):
         return client.ForkSender(base, get_tokenizer(model).decode,
                                  namespace_prefix=namespace_prefix(spec))
     return client.GenerateSender(base, pool=pool, namespace_prefix=namespace_prefix(spec),
-                                 rid_prefix=f"{spec.name}/")
+                                 rid_prefix=f"{spec.name}/", n_param=n_param)
 
 
 def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
@@ -266,7 +350,7 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
             srv.wait_ready(cfg.start_timeout)
             info = http_json(srv.base + "/server_info")
             (arm_dir / "server_info.json").write_text(json.dumps(info, indent=1, default=str))
-            sender = make_sender(spec, srv.base, cfg.pool, cfg.model)
+            sender = make_sender(spec, srv.base, cfg.pool, cfg.model, cfg.n_param)
             log_mark = prefill_log_lines(arm_dir / "server.log")
             try:
                 res = client.replay(segments, sender, pool=cfg.pool, raw_path=raw_path,
@@ -359,6 +443,82 @@ def add_log_rounds(metrics: dict[str, Any], batches: list[tuple[int, int, int]])
 
 
 # --------------------------------------------------------------------------------------------
+# The twin's prediction
+# --------------------------------------------------------------------------------------------
+
+TWIN_KEYS = ("requests", "rounds", "scheduled_tokens", "hit_tokens", "input_tokens",
+             "zero_hit_requests", "zero_hit_after_requests", "after_requests", "output_tokens",
+             "latency_mean_s", "latency_p95_s", "request_latency_mean_s",
+             "request_latency_p95_s")
+LAYOUTS = ("extra_buffer", "no_buffer")
+
+
+def twin_cost(model: str, gpu: bool):
+    """The simulated executor's cost model as the twin's (prefill alpha + beta * tokens + gamma
+    * rows; a decode step is a forward of one token per row: adapter/simulated.py), or on a GPU
+    machine the model's default cost (eval/costmodel.py)."""
+    from eval.costmodel import CostModel, default_cost
+
+    if gpu:
+        return default_cost(model)
+    c = sim_cost()
+    return CostModel(c["alpha"], c["beta"], c["gamma"], source="simulated executor",
+                     dec_alpha=c["alpha"], dec_gamma=c["beta"] + c["gamma"])
+
+
+def server_layout(arm_dir: Path) -> str:
+    """The mamba cache layout the arm's server resolved (--mamba-radix-cache-strategy auto picks
+    by platform), from its server_info.json; extra_buffer when it does not say."""
+    try:
+        info = json.loads((arm_dir / "server_info.json").read_text())
+    except (OSError, ValueError):
+        return "extra_buffer"
+    states = info.get("internal_states") or [{}]
+    value = states[0].get("mamba_radix_cache_strategy",
+                          info.get("mamba_radix_cache_strategy"))
+    return value if value in LAYOUTS else "extra_buffer"
+
+
+def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: int, cost,
+                    layout: str) -> dict[str, Any]:
+    """The twin's figures (TWIN_KEYS) for one arm: the same workload, policy and boundary mode
+    in virtual time, free scans; a failure is recorded with its error, never filled in."""
+    from eval.twin import replay
+    from radixflow_sglang.config import RadixFlowConfig
+
+    rf = (None if spec.policy == BASELINE
+          else RadixFlowConfig(policy=spec.policy, boundaries=spec.boundaries))
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"layout": layout, "cost_model": cost.source}
+    try:
+        res = replay(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
+                     seed=seed, radixflow_config=rf)
+    except Exception as e:  # noqa: BLE001 - the prediction fails with its error
+        return out | {"failed": True, "error": f"{type(e).__name__}: {e}"[:2000],
+                      "wall_s": time.perf_counter() - t0}
+    return out | {k: res.metrics.get(k) for k in TWIN_KEYS} | {
+        "wall_s": time.perf_counter() - t0}
+
+
+def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
+              args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
+    """Each ids arm's twin prediction into arms[name].twin; returns the model used."""
+    cost = twin_cost(args.model, gpu)
+    for spec in specs:
+        if spec.fork:
+            continue  # NOTE: re-tokenized text: the twin's ids are not what the server saw
+        layout = server_layout(args.out / f"arm-{spec.name}")
+        arms[spec.name].twin = twin_prediction(spec, segments, args.model, args.overlap,
+                                               args.seed, cost, layout)
+        t = arms[spec.name].twin
+        print(f"[{spec.name} twin] " + (f"FAILED: {t['error']}" if t.get("failed") else
+                                        f"sched={t['scheduled_tokens']} rounds={t['rounds']} "
+                                        f"lat_mean={t['latency_mean_s']:.4f}s"),
+              file=sys.stderr)
+    return {"cost": cost.as_dict(), "host_cost": None}
+
+
+# --------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------
 
@@ -379,14 +539,18 @@ def sim_cost() -> dict[str, float]:
             for k, v in env.items()}
 
 
-def make_config(args: argparse.Namespace, gpu: bool, common: list[str]) -> dict[str, Any]:
+def make_config(args: argparse.Namespace, gpu: bool, common: list[str],
+                shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
     cfg = {"workload": args.workload, "model": args.model, "model_dir": str(args.model_dir),
-           "policies": args.policies, "fork_arm": args.fork_arm, "regime": args.regime,
+           "policies": args.policies, "boundaries": args.boundaries,
+           "fork_arm": args.fork_arm, "regime": args.regime,
            "order": args.order, "rate": args.rate, "questions": args.questions,
            "seed": args.seed, "pool": args.pool, "overlap": args.overlap,
            "stock_cmd": args.stock_cmd, "executor": "model" if gpu else "simulated",
            "server_args": shlex.join(common), "data_dir": args.data_dir,
-           "replay": args.replay, "bench": args.bench}
+           "replay": args.replay, "twin": args.twin and args.replay, "bench": args.bench}
+    if shape is not None:
+        cfg |= {"shape": dict(shape), "rate": shape["rate"], "n_param": args.n_param}
     if args.bench:
         shape = asdict(bench_shape(args))
         shape["rate"] = "inf" if math.isinf(shape["rate"]) else shape["rate"]
@@ -396,21 +560,44 @@ def make_config(args: argparse.Namespace, gpu: bool, common: list[str]) -> dict[
     return cfg
 
 
+def build_segments(args: argparse.Namespace, shape: Mapping[str, Any]):
+    """The workload's segments as the twin replays them (eval.replay's call)."""
+    from eval.workload import workload
+
+    if args.workload in TRAFFIC_WORKLOADS:
+        return workload(args.workload, args.model, rate=args.rate, seed=args.seed, **shape)
+    return workload(args.workload, args.model, regime=args.regime, order=args.order,
+                    questions=args.questions, rate=args.rate, seed=args.seed,
+                    data_dir=args.data_dir)
+
+
+def live_segments(segments, n_param: bool):
+    """What the client sends: with SGLang's `n` (nsample warm) the workload's scripted warm
+    question is dropped, as the tokenizer manager sends it itself (client.fold_warm)."""
+    from eval.client import fold_warm
+
+    return fold_warm(segments) if n_param else segments
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.replay and not args.bench:
-        parser.error("--no-replay needs --bench (choose from "
-                     f"{', '.join(bench_arm.BENCHES)}): nothing to run")
-    from eval.workload import workload
+    shape_given = check_args(parser, args)
     from radixflow_sglang.tokenizer import served_model_dir
 
+    shape = None
+    if args.workload in TRAFFIC_WORKLOADS:
+        from eval.traffic import describe
+
+        try:
+            shape = describe(args.workload, args.seed, args.rate, **shape_given)
+        except ValueError as e:
+            parser.error(str(e))
+    args.n_param = shape is not None and shape.get("nsample_mode") == "warm"
     gpu = gpu_available()
     args.stock_cmd = args.stock_cmd or ("sglang" if gpu else "radixflow")
     try:
-        segments = (workload(args.workload, args.model, regime=args.regime, order=args.order,
-                             questions=args.questions, rate=args.rate, seed=args.seed,
-                             data_dir=args.data_dir) if args.replay else [])
+        segments = build_segments(args, shape_given) if args.replay else []
         args.model_dir = (args.model_dir or served_model_dir(args.model)).resolve()
     except (OSError, ValueError) as e:
         print(f"python -m eval.run_arms: error: cannot build the workload: {e}", file=sys.stderr)
@@ -419,13 +606,18 @@ def main(argv: list[str] | None = None) -> int:
     common = [*model_args(args.model, args.model_dir), "--host", "127.0.0.1"]
     common += [] if args.overlap else ["--disable-overlap-schedule"]
     common += shlex.split(args.server_args)
-    config = make_config(args, gpu, common)
+    config = make_config(args, gpu, common, shape)
     t0 = time.perf_counter()
     ports = iter(range(args.port_base, 1 << 16)) if args.port_base is not None else None
     arms: dict[str, LiveArm] = {}
-    for spec in arm_specs(args.policies, args.fork_arm) if args.replay else []:
-        arm = arms[spec.name] = run_arm(spec, segments, args, common, _port(ports))
+    specs = arm_specs(args.policies, args.fork_arm, args.boundaries) if args.replay else []
+    sent = live_segments(segments, args.n_param)
+    for spec in specs:
+        arm = arms[spec.name] = run_arm(spec, sent, args, common, _port(ports))
         _print_arm(arm)
+    if args.twin and specs:
+        # NOTE: after every live arm, so the twin's CPU work never overlaps a live server
+        config["twin_model"] = twin_arms(arms, specs, segments, args, gpu)
     shape = bench_shape(args)
     runs = [r for policy in (args.bench_policies if args.bench else [])
             for r in run_bench_policy(policy, shape, args, common, _port(ports))]
