@@ -171,6 +171,12 @@ class RadixFlowRuntime:
             return False
         if adder.new_chunked_req is not None and self._fork_chunk is None:
             t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
+        if not req.is_dllm() and t.classify(Candidate(
+                req.rid, ns, tokens, 0, req._compute_max_prefix_len(len(tokens))), hits) is None:
+            # NOTE: not Blocked even with nothing ready (a larger ready prefix only shrinks the
+            # gain): skip the probe match, native handling matches once, as stock does
+            t.waits.release(req.rid)
+            return False
         # NOTE: probe the ready prefix without copy-on-write; admission re-matches natively.
         req.init_next_round_input(sched.tree_cache, cow_mamba=False)
         cand = Candidate(req.rid, ns, tokens, req.prefix_len,
