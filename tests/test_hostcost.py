@@ -266,7 +266,7 @@ def test_the_probe_match_runs_only_when_a_ready_prefix_could_block(make_kit, sha
     producer publishes: not Blocked whatever its ready prefix, so no probe match (before: a
     probe match and the native one); sharing the whole document: probed and parked."""
     doc = list(range(10_000, 12_000))
-    k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow-always", overlap=True)
+    k = make_kit("qwen3.5-4b", "extra_buffer", "traversal-always", overlap=True)
     k.submit(k.req("P", doc + [1] * 40))
     k.step()  # P in flight: a producer publishing at its end
     a = k.req("A", doc[:shared] + list(range(50_000, 50_040)))
