@@ -4,8 +4,9 @@ same regressors, fitted so the traversal is never modelled cheaper than stock (i
 Issue 12: charging the traversal per QUEUED request made its scan cost grow with the backlog
 (~0.1-0.5 s per scan at 20 q/s). Issue 11: the old unconstrained least-squares fit charged
 the traversal -0.15 ms + 1.19 ms per visit and stock 1.50 ms + ~0 per queued request: a scan
-visiting what stock visits cost the traversal 2-3x stock's, where a side-by-side measurement
-(eval/bench_scan.py) shows ~1x; and a negative intercept.
+visiting what stock visits cost the traversal 2-3x stock's, where the twin's own rounds,
+measured side by side after the probe work was cut, show 1.09x (median per round); and a
+negative intercept.
 """
 
 from __future__ import annotations
