@@ -508,8 +508,8 @@ def _questions(seg: Segment, result: ArmResult, branches: dict[str, _Branch],
 
 def _decode_host(host):
     """The host model charges a decode step the scan's fixed host time: the scan ran and found
-    no prefill (a view with no rows), not a prefill's per-row batch preparation (and
-    eval/hostcost.py charges it the stock coefficients under every policy)."""
+    no prefill (a view with no rows), not a prefill's per-row batch preparation (eval/hostcost.py
+    charges the arm's own coefficients on the requests that scan visited)."""
     if host is None:
         return None
     from types import SimpleNamespace

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .cost import CostCoeffs, RoundView, Verdict, WaitCase, wait_wins
 from .grid import Grid, Layout
 from .outcome import Blocking
-from .producers import Producer, ProducerIndex
+from .producers import Producer, ProducerIndex, TokenChains
 from .stats import RoundStats
 from .waitset import WaitSet
 
@@ -53,7 +53,9 @@ class Candidate:
 class Traversal:
     def __init__(self, cfg: TraversalConfig) -> None:
         self.cfg = cfg
-        self.index = ProducerIndex(block=min(64, cfg.theta))
+        block = min(64, cfg.theta)
+        self.chains = TokenChains(block)  # NOTE: a request's hash chain, kept across rounds
+        self.index = ProducerIndex(block, self.chains)
         self.waits = WaitSet(cfg.max_park_rounds)
         self.round = 0
         self.stats = RoundStats(0)
@@ -68,7 +70,8 @@ class Traversal:
     def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
         """Start a scan: producers are only the in-flight ones (results not processed yet)."""
         self.round += 1
-        self.index = ProducerIndex(block=self.index.block)
+        self.chains.begin_round(self.round)
+        self.index = ProducerIndex(self.index.block, self.chains)
         self._inflight = set()
         for p in inflight:
             p.movable = False
@@ -86,17 +89,26 @@ class Traversal:
         return self.stats
 
     # --- per request -----------------------------------------------------------------------
-    def may_block(self, rid: str, namespace: Hashable, tokens: Sequence[int]) -> bool:
-        """Cheap pre-check (no cache match): is there any live producer sharing >= a block?"""
+    def may_block(self, rid: str, namespace: Hashable, tokens: Sequence[int]
+                  ) -> list[tuple[Producer, int]]:
+        """Cheap pre-check (no cache match): the live producers sharing >= a block with the
+        request (empty: none, it cannot be Blocked); pass them on to `classify`. The request's
+        hash chain is cached across rounds (a waiting request's tokens do not change)."""
         if len(self.index) == 0:
-            return False
-        return self.index.longest(namespace, tokens, exclude=rid) is not None
+            return []
+        chain = self.index.chain(rid, namespace, tokens)
+        return self.index.sharers(namespace, tokens, exclude=rid, chain=chain)
 
-    def classify(self, c: Candidate) -> Blocking | None:
+    def classify(self, c: Candidate, hits: list[tuple[Producer, int]] | None = None
+                 ) -> Blocking | None:
         """Blocked(c) per the module docstring; None means native handling. No side effects.
+        `hits`: `may_block`'s answer for c in this state of the index (else looked up again).
         NOTE: any sharing producer may block c, not only the longest: an in-flight sharer
         that publishes past c's reach must not hide one that publishes within it."""
-        for p, common in self.index.sharers(c.namespace, c.tokens, exclude=c.rid):
+        if hits is None:
+            hits = self.index.sharers(c.namespace, c.tokens, exclude=c.rid,
+                                      chain=self.index.chain(c.rid, c.namespace, c.tokens))
+        for p, common in hits:
             b = self._blocking(c, p, common)
             if b is not None:
                 return b
@@ -171,3 +183,4 @@ class Traversal:
         self._committed.pop(rid, None)
         self._committing.pop(rid, None)
         self.index.remove(rid)
+        self.chains.forget(rid)

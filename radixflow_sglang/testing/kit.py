@@ -312,7 +312,10 @@ class ScanTiming:
 
     queued: int  # waiting requests when the scan began
     cpu_s: float  # process CPU time of the scan (checkpoint of a chunk + prefill scan)
-    visited: int | None = None  # requests our runtime's scan visited (None: SGLang's own)
+    # NOTE: requests the scan loop visited (passed its budget check), for every policy: our
+    # runtime counts them; for SGLang's own scan the kit counts its loop's row-limit checks
+    # (`_count_visits`), so both scans' host time is modelled on the same regressor.
+    visited: int | None = None
 
 
 @dataclass
@@ -358,6 +361,9 @@ class Kit:
         self._kv_total = self.pools.allocator.available_size()
         self._mamba_total = self._mamba_free()
         self._rows_total = self.pools.req_to_token.available_size()
+        self._visits = 0  # stock: loop iterations counted by _count_visits
+        if self.runtime is None:
+            self._count_visits()
 
     @property
     def runtime(self):
@@ -411,6 +417,21 @@ class Kit:
         self._forget(rid)
         return req
 
+    def _count_visits(self) -> None:
+        """Count SGLang's own scan loop's visits: scheduler.py `_get_new_batch_prefill_raw` calls
+        `get_num_allocatable_reqs(..., num_held_rows=...)` once per waiting request past the
+        budget check (the kit runs no LoRA, pooling or storage skips before it), the same place
+        our runtime counts a visit (scan.py `rf.park`). The other calls pass no num_held_rows."""
+        s = self.sched
+        real = s.get_num_allocatable_reqs
+
+        def counting(*args, **kwargs):
+            if "num_held_rows" in kwargs:
+                self._visits += 1
+            return real(*args, **kwargs)
+
+        s.get_num_allocatable_reqs = counting
+
     # --- rounds ------------------------------------------------------------------------------
     def scan(self) -> ScheduleBatch | None:
         """The prefill scan alone (stash the chunk, `get_new_batch_prefill`): no running-batch
@@ -438,10 +459,16 @@ class Kit:
                 # running batch as retract_decode's filter_batch takes it out.
                 self.drop_running(r)
         queued = len(s.waiting_queue)
+        rt, visits = self.runtime, self._visits
+        stats = rt.stats if rt is not None else None
         t = time.process_time()
         batch = self.next_batch()
-        visited = self.runtime.stats.visited if self.runtime is not None else None
-        self.last_scan = ScanTiming(queued, time.process_time() - t, visited)
+        cpu = time.process_time() - t
+        if rt is None:
+            visited = self._visits - visits
+        else:  # NOTE: a pass that never reached the scan loop leaves last scan's stats in place
+            visited = rt.stats.visited if rt.stats is not stats else 0
+        self.last_scan = ScanTiming(queued, cpu, visited)
         if self.on_scan is not None:
             self.on_scan(self.last_scan)
         rnd = None
