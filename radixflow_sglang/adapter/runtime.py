@@ -90,7 +90,8 @@ class RadixFlowRuntime:
                      if adm else None)
         self.admission = None if self.gate is None else AdmissionHold(
             self.gate, self.requests, self._register, release_parked,
-            clock=clock, sleep=sleep, agreement=agreement, cost=lambda: self.cost.coeffs)
+            clock=clock, sleep=sleep, agreement=agreement,
+            cost=lambda: self.cost.decision_coeffs)  # NOTE: one home: the decision's fit
         self.frag_deferred: dict[str, int] = {}
         self.metrics = metrics
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
@@ -180,8 +181,14 @@ class RadixFlowRuntime:
             return False
         if self.spec.cost_aware:
             self._scan = self._scan or _ScanView.of(sched)
-            verdict = t.decide(cand, b, self._scan.view(req, adder),
-                               self.cost.decision_coeffs)
+            view = self._scan.view(req, adder)
+            verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
+            if self._trace is not None:
+                self._emit({"event": "decide", "round": self.round, "rid": req.rid,
+                            "producer": b.producer, "ready": b.ready, "depth": b.depth,
+                            "length": len(tokens), "fork": b.fork, "wait": verdict.wait,
+                            "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
+                            "view": view.__dict__})
             if not verdict.wait:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
                 self.stats.recomputed += 1
