@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, eval/costmodel.py docstring)
 MFU = 0.5  # prefill model FLOP utilisation (assumption)
@@ -100,7 +100,7 @@ class RoundCostEstimator:
     measured forward: the prior.
     """
 
-    def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 1.0, forget: float = 0.998,
+    def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 0.1, forget: float = 0.998,
                  reject: float = 6.0, huber: float = 2.0, window: int = 32, settle: int = 3,
                  trust: float = 0.5) -> None:
         self.prior = prior
@@ -109,7 +109,7 @@ class RoundCostEstimator:
         self.reject_k, self.huber_k = reject, huber
         self.settle, self.trust = settle, trust
         self._miss: deque[float] = deque(maxlen=settle)  # |log(measured / predicted)|
-        self._err: deque[float] = deque(maxlen=settle)  # measured - predicted (s)
+        self._recent: deque[tuple[list[float], float]] = deque(maxlen=settle)  # (x, measured)
         # NOTE: the rejected forwards since the last accepted one (a level shift's first ones)
         self._held: deque[tuple[list[float], float]] = deque(maxlen=max(settle, 1))
         self._t0 = [prior.alpha * _SCALE[0], prior.beta * _SCALE[1], prior.gamma * _SCALE[2],
@@ -145,7 +145,10 @@ class RoundCostEstimator:
         c = self.coeffs
         if self.trusted:
             return c
-        shift = sorted(self._err)[(len(self._err) - 1) // 2]
+        # NOTE: residuals under the CURRENT fit: the fit may have absorbed part of the level
+        # since it predicted them (the prediction errors would count that part twice).
+        err = sorted(y - self._pred(x) for x, y in self._recent)
+        shift = err[(len(err) - 1) // 2]
         return CostCoeffs(max(0.0, c.alpha + shift), c.beta, c.gamma, c.delta,
                           c.source + "+level")
 
@@ -171,7 +174,7 @@ class RoundCostEstimator:
         sig = self.sigma(max(pred, 0.0))
         self._resid.append(abs(r))
         self._miss.append(abs(math.log(max(seconds, 1e-9) / max(pred, 1e-9))))
-        self._err.append(r)
+        self._recent.append((x, seconds))
         if abs(r) > self.reject_k * sig:
             self.rejected += 1
             self._held.append((x, seconds))
@@ -229,6 +232,7 @@ class RoundView:
     parked_rows: int = 0
     token_budget: int = 8192  # T
     row_budget: int = 64  # S
+    siblings: int = 0  # queued after the candidate, sharing its prefix to the depth (its group)
 
 
 @dataclass(frozen=True)
@@ -286,4 +290,32 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         # finishes only with its rest, one round later per budget's worth (its own rounds),
         # which are longer than the round it would join after the wait.
         recompute_s += math.ceil(rest / max(v.token_budget, 1)) * nxt + c.beta * max(rest - e2, 0)
+    return Verdict(wait_s < recompute_s, wait_s, recompute_s)
+
+
+def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
+    """One verdict for a sibling group: the candidate and the `v.siblings` queued requests
+    behind it that share its prefix to the depth (same producer, same depth, same gain).
+
+    Compares the summed latency of the two consistent choices, each sibling costed as
+    `wait_wins` would see it after the siblings before it: all wait (sibling j finds j more
+    parked rows and tokens in the next round) or all recompute (sibling j finds j more rows in
+    this round and j extends less budget). A split is never better for their question: it
+    waits for both the recompute round and the parked ones' round (docs/design.md, "Sibling
+    groups"). Only the first sibling makes a no_buffer cut."""
+    k = max(1, min(1 + v.siblings, max(v.rows_left, 1)))
+    if k == 1:
+        return wait_wins(c, case, v)
+    e, e2 = case.length - case.ready, case.length - case.depth
+    wait_s = recompute_s = 0.0
+    for j in range(k):
+        cj = case if j == 0 else replace(case, cut_rest=0)
+        dem = max(v.demand_after - j * case.length, 0)
+        vw = replace(v, demand_after=dem, parked_rows=v.parked_rows + j,
+                     parked_tokens=v.parked_tokens + j * e2, siblings=0)
+        vr = replace(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
+                     budget_left=max(v.budget_left - j * e, 0),
+                     rows_left=max(v.rows_left - j, 0), siblings=0)
+        wait_s += wait_wins(c, cj, vw).wait_s
+        recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
