@@ -354,6 +354,8 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         ri = len(result.rounds)
         if rnd.index != ri:
             raise ConservationError(f"kit round {rnd.index} recorded as round {ri}")
+        if rt is not None and host is not None:
+            rt.observe_host(launch.host_s)  # NOTE: what a server measures around its scan
         result.rounds.append(RoundRecord(
             ri, seg_index[0], launch.scan_s, launch.start_s, launch.end_s, len(rnd.rids),
             rnd.scheduled_tokens, sum(rnd.prefix.values()), attn_pairs(rnd.extend, rnd.prefix),

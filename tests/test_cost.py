@@ -604,3 +604,48 @@ def test_a_cold_fit_extrapolates_from_the_warmup_and_one_shape():
         e.observe(rows, tokens, truth(rows, tokens))
     for rows, tokens in [(1, 300), (1, 70), (3, 210), (8, 6000)]:
         assert e.decision_coeffs(rows, tokens) == pytest.approx(truth(rows, tokens), rel=0.2)
+
+
+# --- the round's host time (issue 11 b) ---------------------------------------------------------
+
+
+def test_a_rounds_host_time_adds_to_the_wait_not_to_the_recompute():
+    """Traced on qwen3.5-4b race alpha 25 (design.md): wait 20.7 ms vs recompute 24.2 ms, and
+    the extra round's scan (~5 ms, not in the forward fit) made waiting the slower choice."""
+    c = CostCoeffs(0.02, 1.8e-5, 1.24e-4)
+    case = WaitCase(ready=0, depth=320, length=355, lag=1)
+    free = wait_wins(c, case, view())
+    hosted = wait_wins(c, case, view(host_s=0.005))
+    assert free.wait and not hosted.wait
+    assert hosted.wait_s == pytest.approx(free.wait_s + 0.005)
+    assert hosted.recompute_s == free.recompute_s
+
+
+def test_host_estimate_is_a_robust_median_of_the_agreed_rounds():
+    e = RoundCostEstimator(QWEN_4B)
+    assert e.host_s == 0.0
+    for s in (0.004, 0.005, 0.006, 9.0, float("nan"), -1.0):
+        e.observe_host(s)
+    assert e.host_s == 0.006 and e.as_dict()["host_s"] == 0.006  # the stall does not move it
+
+
+@pytest.mark.parametrize("overlap, expect", [(False, 0.004), (True, 0.0)])
+def test_kit_decisions_read_the_host_time_only_without_overlap(make_kit, tmp_path, overlap,
+                                                              expect):
+    import json
+
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+
+    trace = tmp_path / "trace.jsonl"
+    k = make_kit("qwen3.5-4b", "extra_buffer", "traversal", overlap=overlap,
+                 radixflow_config=RadixFlowConfig(policy="traversal", trace=str(trace)))
+    shared: list[float] = []
+    k.runtime.share_forward = lambda s: (shared.append(s), 0.004)[1]  # rank 0's value wins
+    for s in (0.003, 0.004, 0.005):
+        k.runtime.observe_host(s)
+    assert shared == [0.003, 0.004, 0.005] and k.runtime.cost.host_s == 0.004
+    branches(k, 4000)
+    k.drain()
+    views = [json.loads(x)["view"] for x in trace.read_text().splitlines()
+             if json.loads(x)["event"] == "decide"]
+    assert views and all(v["host_s"] == expect for v in views)

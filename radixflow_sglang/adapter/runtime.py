@@ -183,7 +183,9 @@ class RadixFlowRuntime:
             self._scan = self._scan or _ScanView.of(sched)
             sib = (self._scan.siblings(req, ns, tokens, b.depth)
                    if t.group_verdict(cand, b) is None else 0)
-            view = self._scan.view(req, adder, sib)
+            # NOTE: a round's host time adds to its latency only without overlap
+            host = 0.0 if t.cfg.lag > 1 else self.cost.host_s
+            view = replace(self._scan.view(req, adder, sib), host_s=host)
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
             if self._trace is not None:
                 self._emit({"event": "decide", "round": self.round, "rid": req.rid,
@@ -265,6 +267,14 @@ class RadixFlowRuntime:
                     **extra})
         if self.metrics is not None and hasattr(self.metrics, "on_forward"):
             self.metrics.on_forward(seconds, self.cost.coeffs)
+        return seconds
+
+    def observe_host(self, seconds: float) -> float:
+        """One prefill round's scheduler CPU time (scan + batch preparation): agreed across
+        ranks like a forward (every rank calls it for the same rounds, in order), fed to the
+        host-time estimate the wait rule adds to a round without overlap."""
+        seconds = float(self.share_forward(float(seconds)))
+        self.cost.observe_host(seconds)
         return seconds
 
     def summary(self) -> dict:

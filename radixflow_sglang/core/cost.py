@@ -121,6 +121,7 @@ class RoundCostEstimator:
         self.observed = 0
         self.rejected = 0
         self.last_s = math.nan
+        self._host: deque[float] = deque(maxlen=window)  # scheduler host s per prefill round
 
     @property
     def coeffs(self) -> CostCoeffs:
@@ -191,6 +192,19 @@ class RoundCostEstimator:
                 self._feed(hx, hy, hy - hp, hs)
         return True
 
+    def observe_host(self, seconds: float) -> None:
+        """The scheduler's own CPU time (scan and batch preparation) of one prefill round."""
+        if seconds >= 0 and math.isfinite(seconds):
+            self._host.append(seconds)
+
+    @property
+    def host_s(self) -> float:
+        """Median host seconds per prefill round over the last `window` (0 before any): what
+        a round adds to its requests' latency besides its forward when nothing hides it."""
+        if not self._host:
+            return 0.0
+        return sorted(self._host)[len(self._host) // 2]
+
     def _pred(self, x: list[float]) -> float:
         return sum(xi * ti for xi, ti in zip(x, self._t, strict=True))
 
@@ -209,7 +223,7 @@ class RoundCostEstimator:
         c = self.coeffs
         return {"alpha_s": c.alpha, "beta_s": c.beta, "gamma_s": c.gamma, "delta_s": c.delta,
                 "source": c.source, "observed": self.observed, "rejected": self.rejected,
-                "trusted": self.trusted,
+                "trusted": self.trusted, "host_s": self.host_s,
                 "last_forward_s": None if math.isnan(self.last_s) else self.last_s}
 
 
@@ -233,6 +247,7 @@ class RoundView:
     token_budget: int = 8192  # T
     row_budget: int = 64  # S
     siblings: int = 0  # queued after the candidate, sharing its prefix to the depth (its group)
+    host_s: float = 0.0  # scheduler host time a round adds (scan + batch prep; 0 under overlap)
 
 
 @dataclass(frozen=True)
@@ -271,11 +286,14 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     overflow = max(v.demand_after - v.budget_left, 0)
     over_rows = math.ceil(overflow / max(v.mean_extend, 1.0))
     cut = 1 if case.cut_rest > 0 else 0
-    nxt = c(min(v.row_budget, 1 + cut + v.parked_rows + over_rows),
-            min(v.token_budget, e2 + case.cut_rest + v.parked_tokens + overflow))
+    # NOTE: a round's latency is its scan and batch preparation (host) plus its forward; the
+    # fit measures forwards only. Under overlap the host time hides behind the previous forward.
+    nxt = v.host_s + c(min(v.row_budget, 1 + cut + v.parked_rows + over_rows),
+                       min(v.token_budget, e2 + case.cut_rest + v.parked_tokens + overflow))
     # NOTE: a wait of 2 rounds (overlap) passes a round that runs only the overflow; with none
     # the overlap loop processes the producer's result without a forward in between.
-    between = c(min(v.row_budget, over_rows), min(v.token_budget, overflow)) if overflow else 0.0
+    between = (v.host_s + c(min(v.row_budget, over_rows), min(v.token_budget, overflow))
+               if overflow else 0.0)
     wait_s = nxt + (case.lag - 1) * between
     if cut:
         # NOTE: a no_buffer fork ends the producer's extend at the fork: the producer finishes
