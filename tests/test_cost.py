@@ -649,3 +649,21 @@ def test_kit_decisions_read_the_host_time_only_without_overlap(make_kit, tmp_pat
     views = [json.loads(x)["view"] for x in trace.read_text().splitlines()
              if json.loads(x)["event"] == "decide"]
     assert views and all(v["host_s"] == expect for v in views)
+
+
+def test_siblings_whose_no_buffer_forks_differ_by_a_token_share_one_verdict():
+    """Traced on qwen3.5-4b mix no_buffer: RACE options fork from the producer at 343 (B) and
+    341 (C, D) tokens (a no_buffer fork is the exact common prefix). Keyed by exact depth, B
+    decided alone and recomputed while C and D waited: the question waited for both."""
+    g = Grid(Layout.NO_BUFFER, 64)
+    t = Traversal(TraversalConfig.default(g, False, cost_aware=True))
+    doc = list(range(341))
+    t.begin_round([], fork_slots=1)
+    t.admitted(Producer("a", "ns", doc + [1, 2] + [3] * 20, 0, 363, 363, True))
+    b_ = Candidate("b", "ns", doc + [1, 2] + [4] * 20, 0, 362)
+    c_ = Candidate("c", "ns", doc + [5] * 20, 0, 360)
+    bb, bc = t.classify(b_), t.classify(c_)
+    assert bb is not None and bc is not None and (bb.depth, bc.depth) == (343, 341)
+    assert t.group_depth(bb) == t.group_depth(bc) == 320
+    first = t.decide(b_, bb, view(siblings=2), QWEN_4B)
+    assert t.group_verdict(c_, bc) == first

@@ -181,7 +181,7 @@ class RadixFlowRuntime:
             return False
         if self.spec.cost_aware:
             self._scan = self._scan or _ScanView.of(sched)
-            sib = (self._scan.siblings(req, ns, tokens, b.depth)
+            sib = (self._scan.siblings(req, ns, tokens, t.group_depth(b))
                    if t.group_verdict(cand, b) is None else 0)
             # NOTE: a round's host time adds to its latency only without overlap
             host = 0.0 if t.cfg.lag > 1 else self.cost.host_s
