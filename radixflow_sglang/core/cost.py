@@ -149,7 +149,8 @@ class RoundCostEstimator:
         # NOTE: residuals under the CURRENT fit: the fit may have absorbed part of the level
         # since it predicted them (the prediction errors would count that part twice).
         err = sorted(y - self._pred(x) for x, y in self._recent)
-        shift = err[(len(err) - 1) // 2]
+        n = len(err)
+        shift = (err[(n - 1) // 2] + err[n // 2]) / 2  # NOTE: the median (two forwards: mean)
         return CostCoeffs(max(0.0, c.alpha + shift), c.beta, c.gamma, c.delta,
                           c.source + "+level")
 
