@@ -361,6 +361,8 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         if rnd.index != ri:
             raise ConservationError(f"kit round {rnd.index} recorded as round {ri}")
         hit = sum(rnd.prefix[r] - _live(r, f"round {ri}").computed() for r in rnd.rids)
+        if rt is not None and host is not None:
+            rt.observe_host(launch.host_s)  # NOTE: what a server measures around its scan
         result.rounds.append(RoundRecord(
             ri, seg_index[0], launch.scan_s, launch.start_s, launch.end_s, len(rnd.rids),
             rnd.scheduled_tokens, hit, attn_pairs(rnd.extend, rnd.prefix), launch.host_s))

@@ -124,9 +124,11 @@ def test_decide_uses_the_rule_and_the_overlap_lag():
     b = t.classify(c)
     assert b is not None and b.depth == 4096
     assert t.decide(c, b, view(), QWEN_4B).wait
+    t, c = blocked_setup(cost_aware=True, overlap=True)  # NOTE: one verdict per group and scan
     assert not t.decide(c, b, view(), CostCoeffs(1.0, QWEN_4B.beta, QWEN_4B.gamma)).wait
     busy = view(budget_left=1000, demand_after=20_000, mean_extend=4000.0, behind=1)
     mid = CostCoeffs(0.03, QWEN_4B.beta, QWEN_4B.gamma)
+    t, c = blocked_setup(cost_aware=True, overlap=True)
     fresh = t.decide(c, b, busy, mid)  # producer admitted this scan: 2 rounds under overlap
     t2, c2 = blocked_setup(cost_aware=True, overlap=True)
     t2.begin_round([Producer("p", "ns", list(range(5000)), 0, 5000, 4096, False)], 0)
@@ -470,12 +472,16 @@ def test_decide_charges_the_cut_only_to_the_consumer_that_makes_it():
     c1 = Candidate("c1", "ns", doc[:2000] + [7] * 50, 0, 2049)
     b1 = t.classify(c1)
     assert b1 is not None and b1.fork and b1.depth == 2000
-    first = t.decide(c1, b1, view(), QWEN_4B)
+    first = t.decide(c1, b1, view(siblings=1), QWEN_4B)
     assert t.park(c1, b1)
     c2 = Candidate("c2", "ns", doc[:2000] + [8] * 50, 0, 2049)
     b2 = t.classify(c2)
     assert b2 is not None and not b2.fork  # the producer already publishes at the fork
-    assert t.decide(c2, b2, view(), QWEN_4B).wait_s < first.wait_s
+    assert t.decide(c2, b2, view(), QWEN_4B) == first  # its sibling group's verdict
+    cut = wait_wins(QWEN_4B, WaitCase(0, 2000, 2050, 1, cut_rest=1000), view())
+    after = wait_wins(QWEN_4B, WaitCase(0, 2000, 2050, 1), view(parked_rows=1, parked_tokens=50))
+    assert after.wait_s < cut.wait_s
+    assert first.wait_s == pytest.approx(cut.wait_s + after.wait_s)  # the cut counted once
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-0.8b", "nemotron-9b", "qwen3-8b"])
@@ -509,3 +515,155 @@ def test_kit_overlap_siblings_that_wait_two_rounds_run_together(make_kit):
     assert rounds == [["b0"], ["b1", "b2", "b3"]]
     assert k.runtime.totals.recomputed == 0
     assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_kit_admission_hold_reads_the_decisions_level_corrected_fit():
+    """One home for the fit a decision reads (issue 11 e): the flex hold used `cost.coeffs`,
+    which ignores a first measured forward far from the prior (rejected until its level is
+    settled), while the wait rule already read `decision_coeffs` (the measured level). A
+    1 s round measured against the kit's cheap prior: holding for a joiner now pays."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    waits: list[float] = []
+    k = Kit(KitConfig(), policy="flex", clock=lambda: 0.0, sleep=waits.append)
+    rt = k.runtime
+    assert not rt.cost.observe(1, 16, 1.0) and not rt.cost.trusted  # held back: untrusted
+    assert rt.cost.coeffs.alpha < 0.05 < rt.cost.decision_coeffs.alpha
+    k.submit(k.req("a", list(range(1000, 1300))))
+    assert k.step() is None  # held: the decision's alpha (~1 s) outweighs the held one's wait
+    assert rt.held_iterations > 0 and waits == [pytest.approx(0.005)]
+
+
+# --- sibling groups (issue 11 c) ----------------------------------------------------------------
+
+SPLIT = CostCoeffs(0.02, 1e-5, 0.0, 0.0)  # alpha 20 ms, 10 ms per 1,000 tokens
+
+
+def sibling_views() -> list[RoundView]:
+    """Three consumers of one producer (gain 1,152, 1,000 tokens after the depth), visited in
+    turn: the j-th finds the j before it parked (the runtime's _ScanView)."""
+    return [view(rows=1, behind=3, demand_after=(2 - j) * 2152, parked_rows=j,
+                 parked_tokens=1000 * j, siblings=2 - j) for j in range(3)]
+
+
+def test_per_request_verdicts_split_siblings_the_group_verdict_does_not():
+    from radixflow_sglang.core.cost import group_wait_wins
+
+    case = WaitCase(ready=0, depth=1152, length=2152, lag=1)
+    alone = [wait_wins(SPLIT, case, v) for v in sibling_views()]
+    assert [v.wait for v in alone] == [True, True, False]  # the old rule: the third recomputes
+    group = group_wait_wins(SPLIT, case, sibling_views()[0])
+    assert group.wait  # 3 waits (30 + 40 + 50 ms) < 3 recomputes (4 x 11.5 ms each)
+    assert group.wait_s == pytest.approx(sum(v.wait_s for v in alone))
+    assert group.recompute_s == pytest.approx(3 * alone[0].recompute_s)
+    assert group_wait_wins(SPLIT, case, view(siblings=0)) == wait_wins(SPLIT, case, view())
+
+
+def test_decide_gives_a_sibling_group_one_verdict_per_scan():
+    g = Grid(Layout.EXTRA_BUFFER, 64)
+    t = Traversal(TraversalConfig.default(g, False, cost_aware=True))
+    doc = list(range(1152))
+    t.begin_round([], fork_slots=1 << 30)
+    t.admitted(Producer("p", "ns", doc + [1] * 1000, 0, 2152, None, True))
+    cands = [Candidate(f"c{j}", "ns", doc + [10 + j] * 1000, 0, 2151) for j in range(3)]
+    verdicts = []
+    for c, v in zip(cands, sibling_views(), strict=True):
+        b = t.classify(c)
+        assert b is not None and b.depth == 1152
+        verdicts.append(t.decide(c, b, v, SPLIT).wait)
+        t.park(c, b)
+    assert verdicts == [True, True, True]
+    t.begin_round([], fork_slots=1 << 30)  # a new scan decides afresh
+    assert t.group_verdict(cands[2], b) is None
+
+
+def test_kit_siblings_are_not_split_between_recompute_and_wait(make_kit):
+    """SGLang's real scan: 4 branches of a 1,152-token document with 1,000-token suffixes at
+    alpha 20 ms. Deciding each alone parked the first two consumers and recomputed the third
+    (its next round had grown by the two parked): the question then waited for both rounds."""
+    k = make_kit("qwen3.5-4b", "extra_buffer", "traversal")
+    k.runtime.use_prior(SPLIT)
+    doc = list(range(1000, 2152))
+    k.submit(*[k.req(f"b{i}", doc + list(range(50_000 + 1000 * i, 51_000 + 1000 * i)))
+               for i in range(4)])
+    rounds = [sorted(r.rids) for r in k.drain()]
+    assert rounds == [["b0"], ["b1", "b2", "b3"]]
+    assert k.runtime.totals.recomputed == 0
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_a_cold_fit_extrapolates_from_the_warmup_and_one_shape():
+    """Traced on qwen3.5-4b race alpha 50 (issue 11): after the server warmup (1 row, 16 tokens)
+    and three alike 4-row rounds, the fit weighed the prior (alpha 8 ms) like a round per
+    coefficient and split the measured level between alpha and beta: a 1-row round predicted
+    at 0.45x, so a sibling group waited for a round it thought cheap (1.09x stock). The prior
+    now weighs a tenth of a round: the warmup pins alpha."""
+    truth = CostCoeffs(0.05, 1.8e-5, 1.0e-4)
+    e = RoundCostEstimator(CostCoeffs(8e-3, 1.8e-5, 1.24e-4))
+    for rows, tokens in [(1, 16), (4, 1420), (4, 1440), (4, 1410)]:
+        e.observe(rows, tokens, truth(rows, tokens))
+    for rows, tokens in [(1, 300), (1, 70), (3, 210), (8, 6000)]:
+        assert e.decision_coeffs(rows, tokens) == pytest.approx(truth(rows, tokens), rel=0.2)
+
+
+# --- the round's host time (issue 11 b) ---------------------------------------------------------
+
+
+def test_a_rounds_host_time_adds_to_the_wait_not_to_the_recompute():
+    """Traced on qwen3.5-4b race alpha 25 (design.md): wait 20.7 ms vs recompute 24.2 ms, and
+    the extra round's scan (~5 ms, not in the forward fit) made waiting the slower choice."""
+    c = CostCoeffs(0.02, 1.8e-5, 1.24e-4)
+    case = WaitCase(ready=0, depth=320, length=355, lag=1)
+    free = wait_wins(c, case, view())
+    hosted = wait_wins(c, case, view(host_s=0.005))
+    assert free.wait and not hosted.wait
+    assert hosted.wait_s == pytest.approx(free.wait_s + 0.005)
+    assert hosted.recompute_s == free.recompute_s
+
+
+def test_host_estimate_is_a_robust_median_of_the_agreed_rounds():
+    e = RoundCostEstimator(QWEN_4B)
+    assert e.host_s == 0.0
+    for s in (0.004, 0.005, 0.006, 9.0, float("nan"), -1.0):
+        e.observe_host(s)
+    assert e.host_s == 0.006 and e.as_dict()["host_s"] == 0.006  # the stall does not move it
+
+
+@pytest.mark.parametrize("overlap, expect", [(False, 0.004), (True, 0.0)])
+def test_kit_decisions_read_the_host_time_only_without_overlap(make_kit, tmp_path, overlap,
+                                                              expect):
+    import json
+
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+
+    trace = tmp_path / "trace.jsonl"
+    k = make_kit("qwen3.5-4b", "extra_buffer", "traversal", overlap=overlap,
+                 radixflow_config=RadixFlowConfig(policy="traversal", trace=str(trace)))
+    shared: list[float] = []
+    k.runtime.share_forward = lambda s: (shared.append(s), 0.004)[1]  # rank 0's value wins
+    for s in (0.003, 0.004, 0.005):
+        k.runtime.observe_host(s)
+    assert shared == [0.003, 0.004, 0.005] and k.runtime.cost.host_s == 0.004
+    branches(k, 4000)
+    k.drain()
+    views = [json.loads(x)["view"] for x in trace.read_text().splitlines()
+             if json.loads(x)["event"] == "decide"]
+    assert views and all(v["host_s"] == expect for v in views)
+
+
+def test_siblings_whose_no_buffer_forks_differ_by_a_token_share_one_verdict():
+    """Traced on qwen3.5-4b mix no_buffer: RACE options fork from the producer at 343 (B) and
+    341 (C, D) tokens (a no_buffer fork is the exact common prefix). Keyed by exact depth, B
+    decided alone and recomputed while C and D waited: the question waited for both."""
+    g = Grid(Layout.NO_BUFFER, 64)
+    t = Traversal(TraversalConfig.default(g, False, cost_aware=True))
+    doc = list(range(341))
+    t.begin_round([], fork_slots=1)
+    t.admitted(Producer("a", "ns", doc + [1, 2] + [3] * 20, 0, 363, 363, True))
+    b_ = Candidate("b", "ns", doc + [1, 2] + [4] * 20, 0, 362)
+    c_ = Candidate("c", "ns", doc + [5] * 20, 0, 360)
+    bb, bc = t.classify(b_), t.classify(c_)
+    assert bb is not None and bc is not None and (bb.depth, bc.depth) == (343, 341)
+    assert t.group_depth(bb) == t.group_depth(bc) == 320
+    first = t.decide(b_, bb, view(siblings=2), QWEN_4B)
+    assert t.group_verdict(c_, bc) == first

@@ -266,7 +266,14 @@ RAW_WRAPPER = '''\
     def _get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch):
         if self._radixflow_held:
             return None, running_batch  # held: no scan this pass (as upstream's empty queue)
-        return get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch)
+        t0 = time.perf_counter()
+        ret, running_batch = get_new_batch_prefill_raw(self, prefill_delayer_single_pass,
+                                                       running_batch)
+        if ret is not None:
+            # NOTE: the scan and batch preparation (prepare_for_extend runs in the scan): the
+            # host time a round adds without overlap (core/cost.py RoundView.host_s)
+            setattr(ret, _HOST, time.perf_counter() - t0)
+        return ret, running_batch
 '''
 # The forward timer and the round-cost fit: both wrap upstream's method and call it unchanged.
 RUN_BATCH = '''\
@@ -288,6 +295,9 @@ PROCESS_RESULT = '''\
             rows, tokens, pairs = forward_timer.batch_shape(batch)
             self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result),
                                            pairs=pairs, forward_iter=batch.forward_iter)
+            host = getattr(batch, _HOST, None)
+            if host is not None:  # NOTE: set on every rank's copy of this batch, or on none
+                self.radixflow.observe_host(host)
         return out
 '''
 # A retracted request re-enters the queue: RadixFlow forgets it, then upstream's method runs.

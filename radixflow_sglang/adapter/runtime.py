@@ -98,7 +98,8 @@ class RadixFlowRuntime:
                      if adm else None)
         self.admission = None if self.gate is None else AdmissionHold(
             self.gate, self.requests, self._register, release_parked,
-            clock=clock, sleep=sleep, agreement=agreement, cost=lambda: self.cost.coeffs)
+            clock=clock, sleep=sleep, agreement=agreement,
+            cost=lambda: self.cost.decision_coeffs)  # NOTE: one home: the decision's fit
         self.frag_deferred: dict[str, int] = {}
         self.metrics = metrics
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
@@ -195,8 +196,18 @@ class RadixFlowRuntime:
             return False
         if self.spec.cost_aware:
             self._scan = self._scan or _ScanView.of(sched)
-            verdict = t.decide(cand, b, self._scan.view(req, adder),
-                               self.cost.decision_coeffs)
+            sib = (self._scan.siblings(req, ns, tokens, t.group_depth(b))
+                   if t.group_verdict(cand, b) is None else 0)
+            # NOTE: a round's host time adds to its latency only without overlap
+            host = 0.0 if t.cfg.lag > 1 else self.cost.host_s
+            view = replace(self._scan.view(req, adder, sib), host_s=host)
+            verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
+            if self._trace is not None:
+                self._emit({"event": "decide", "round": self.round, "rid": req.rid,
+                            "producer": b.producer, "ready": b.ready, "depth": b.depth,
+                            "length": len(tokens), "fork": b.fork, "wait": verdict.wait,
+                            "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
+                            "view": view.__dict__})
             if not verdict.wait:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
                 self.stats.recomputed += 1
@@ -272,6 +283,14 @@ class RadixFlowRuntime:
                     **extra})
         if self.metrics is not None and hasattr(self.metrics, "on_forward"):
             self.metrics.on_forward(seconds, self.cost.coeffs)
+        return seconds
+
+    def observe_host(self, seconds: float) -> float:
+        """One prefill round's scheduler CPU time (scan + batch preparation): agreed across
+        ranks like a forward (every rank calls it for the same rounds, in order), fed to the
+        host-time estimate the wait rule adds to a round without overlap."""
+        seconds = float(self.share_forward(float(seconds)))
+        self.cost.observe_host(seconds)
         return seconds
 
     def summary(self) -> dict:
@@ -474,6 +493,7 @@ class _ScanView:
     the waiting queue's order and token demand, the budgets, the running decode rows."""
 
     pos: dict[str, int]  # rid -> queue position
+    queue: list  # the waiting queue's requests, in order
     after: list[int]  # after[i]: input tokens of queue entries i.. (upper bound of demand)
     queued: int
     running: int
@@ -494,10 +514,27 @@ class _ScanView:
         budget = sched.max_prefill_tokens
         budget = min(budget, chunk) if chunk and chunk > 0 else budget
         running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
-        return cls({r.rid: i for i, r in enumerate(q)}, after, len(q), running,
+        return cls({r.rid: i for i, r in enumerate(q)}, list(q), after, len(q), running,
                    after[0] / len(q) if q else 1.0, budget, sched.max_running_requests)
 
-    def view(self, req: Req, adder: PrefillAdder) -> RoundView:
+    def siblings(self, req: Req, ns: tuple, tokens, depth: int, window: int = 64) -> int:
+        """Queued requests after `req` (the next `window`) in its cache namespace that share its
+        first `depth` tokens and can match past them: its sibling group (core/cost.py
+        `group_wait_wins`). NOTE: siblings arrive together, so they sit next to each other in
+        fcfs and lpm order; the window bounds the cost (one compare per entry, C speed)."""
+        i = self.pos.get(req.rid)
+        if i is None or depth <= 0:
+            return 0
+        head, last = tokens[:depth], tokens[depth - 1]
+        n = 0
+        for r in self.queue[i + 1:i + 1 + window]:
+            rt = req_tokens(r)
+            if (len(rt) > depth and rt[depth - 1] == last and namespace(r) == ns
+                    and rt[:depth] == head):
+                n += 1
+        return n
+
+    def view(self, req: Req, adder: PrefillAdder, siblings: int = 0) -> RoundView:
         run = adder.can_run_list
         i = self.pos.get(req.rid, self.queued - 1)
         left = adder.rem_input_tokens
@@ -510,7 +547,7 @@ class _ScanView:
             mean_extend=self.mean_extend,
             rows_left=max(self.row_budget - self.running - len(run), 0),
             parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
-            token_budget=self.token_budget, row_budget=self.row_budget)
+            token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings)
 
     def parked(self, extend: int) -> None:
         self.parked_tokens += extend

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from radixflow_sglang.config import RadixFlowConfig, config_from_env
 
 from . import check_sglang_version
@@ -16,6 +18,8 @@ from .agreement import scheduler_agreement, scheduler_forward_share  # noqa: E40
 from .metrics import dp_rank_of, scheduler_metrics  # noqa: E402
 from .runtime import RadixFlowRuntime  # noqa: E402
 from .scan import get_new_batch_prefill_raw  # noqa: E402
+
+_HOST = "_radixflow_host_s"  # a prefill batch's scan + preparation seconds (this rank's clock)
 
 
 class RadixFlowScheduler(Scheduler):
@@ -60,6 +64,9 @@ class RadixFlowScheduler(Scheduler):
             rows, tokens, pairs = forward_timer.batch_shape(batch)
             self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result),
                                            pairs=pairs, forward_iter=batch.forward_iter)
+            host = getattr(batch, _HOST, None)
+            if host is not None:  # NOTE: set on every rank's copy of this batch, or on none
+                self.radixflow.observe_host(host)
         return out
 
     def _add_request_to_queue(self, req, is_retracted: bool = False):
@@ -91,4 +98,11 @@ class RadixFlowScheduler(Scheduler):
     def _get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch):
         if self._radixflow_held:
             return None, running_batch  # held: no scan this pass (as upstream's empty queue)
-        return get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch)
+        t0 = time.perf_counter()
+        ret, running_batch = get_new_batch_prefill_raw(self, prefill_delayer_single_pass,
+                                                       running_batch)
+        if ret is not None:
+            # NOTE: the scan and batch preparation (prepare_for_extend runs in the scan): the
+            # host time a round adds without overlap (core/cost.py RoundView.host_s)
+            setattr(ret, _HOST, time.perf_counter() - t0)
+        return ret, running_batch

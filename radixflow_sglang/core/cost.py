@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, eval/costmodel.py docstring)
 MFU = 0.5  # prefill model FLOP utilisation (assumption)
@@ -100,7 +100,7 @@ class RoundCostEstimator:
     measured forward: the prior.
     """
 
-    def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 1.0, forget: float = 0.998,
+    def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 0.1, forget: float = 0.998,
                  reject: float = 6.0, huber: float = 2.0, window: int = 32, settle: int = 3,
                  trust: float = 0.5) -> None:
         self.prior = prior
@@ -109,7 +109,7 @@ class RoundCostEstimator:
         self.reject_k, self.huber_k = reject, huber
         self.settle, self.trust = settle, trust
         self._miss: deque[float] = deque(maxlen=settle)  # |log(measured / predicted)|
-        self._err: deque[float] = deque(maxlen=settle)  # measured - predicted (s)
+        self._recent: deque[tuple[list[float], float]] = deque(maxlen=settle)  # (x, measured)
         # NOTE: the rejected forwards since the last accepted one (a level shift's first ones)
         self._held: deque[tuple[list[float], float]] = deque(maxlen=max(settle, 1))
         self._t0 = [prior.alpha * _SCALE[0], prior.beta * _SCALE[1], prior.gamma * _SCALE[2],
@@ -121,6 +121,7 @@ class RoundCostEstimator:
         self.observed = 0
         self.rejected = 0
         self.last_s = math.nan
+        self._host: deque[float] = deque(maxlen=window)  # scheduler host s per prefill round
 
     @property
     def coeffs(self) -> CostCoeffs:
@@ -145,7 +146,11 @@ class RoundCostEstimator:
         c = self.coeffs
         if self.trusted:
             return c
-        shift = sorted(self._err)[(len(self._err) - 1) // 2]
+        # NOTE: residuals under the CURRENT fit: the fit may have absorbed part of the level
+        # since it predicted them (the prediction errors would count that part twice).
+        err = sorted(y - self._pred(x) for x, y in self._recent)
+        n = len(err)
+        shift = (err[(n - 1) // 2] + err[n // 2]) / 2  # NOTE: the median (two forwards: mean)
         return CostCoeffs(max(0.0, c.alpha + shift), c.beta, c.gamma, c.delta,
                           c.source + "+level")
 
@@ -171,7 +176,7 @@ class RoundCostEstimator:
         sig = self.sigma(max(pred, 0.0))
         self._resid.append(abs(r))
         self._miss.append(abs(math.log(max(seconds, 1e-9) / max(pred, 1e-9))))
-        self._err.append(r)
+        self._recent.append((x, seconds))
         if abs(r) > self.reject_k * sig:
             self.rejected += 1
             self._held.append((x, seconds))
@@ -187,6 +192,19 @@ class RoundCostEstimator:
                 self.rejected -= 1
                 self._feed(hx, hy, hy - hp, hs)
         return True
+
+    def observe_host(self, seconds: float) -> None:
+        """The scheduler's own CPU time (scan and batch preparation) of one prefill round."""
+        if seconds >= 0 and math.isfinite(seconds):
+            self._host.append(seconds)
+
+    @property
+    def host_s(self) -> float:
+        """Median host seconds per prefill round over the last `window` (0 before any): what
+        a round adds to its requests' latency besides its forward when nothing hides it."""
+        if not self._host:
+            return 0.0
+        return sorted(self._host)[len(self._host) // 2]
 
     def _pred(self, x: list[float]) -> float:
         return sum(xi * ti for xi, ti in zip(x, self._t, strict=True))
@@ -206,7 +224,7 @@ class RoundCostEstimator:
         c = self.coeffs
         return {"alpha_s": c.alpha, "beta_s": c.beta, "gamma_s": c.gamma, "delta_s": c.delta,
                 "source": c.source, "observed": self.observed, "rejected": self.rejected,
-                "trusted": self.trusted,
+                "trusted": self.trusted, "host_s": self.host_s,
                 "last_forward_s": None if math.isnan(self.last_s) else self.last_s}
 
 
@@ -229,6 +247,8 @@ class RoundView:
     parked_rows: int = 0
     token_budget: int = 8192  # T
     row_budget: int = 64  # S
+    siblings: int = 0  # queued after the candidate, sharing its prefix to the depth (its group)
+    host_s: float = 0.0  # scheduler host time a round adds (scan + batch prep; 0 under overlap)
 
 
 @dataclass(frozen=True)
@@ -267,11 +287,14 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     overflow = max(v.demand_after - v.budget_left, 0)
     over_rows = math.ceil(overflow / max(v.mean_extend, 1.0))
     cut = 1 if case.cut_rest > 0 else 0
-    nxt = c(min(v.row_budget, 1 + cut + v.parked_rows + over_rows),
-            min(v.token_budget, e2 + case.cut_rest + v.parked_tokens + overflow))
+    # NOTE: a round's latency is its scan and batch preparation (host) plus its forward; the
+    # fit measures forwards only. Under overlap the host time hides behind the previous forward.
+    nxt = v.host_s + c(min(v.row_budget, 1 + cut + v.parked_rows + over_rows),
+                       min(v.token_budget, e2 + case.cut_rest + v.parked_tokens + overflow))
     # NOTE: a wait of 2 rounds (overlap) passes a round that runs only the overflow; with none
     # the overlap loop processes the producer's result without a forward in between.
-    between = c(min(v.row_budget, over_rows), min(v.token_budget, overflow)) if overflow else 0.0
+    between = (v.host_s + c(min(v.row_budget, over_rows), min(v.token_budget, overflow))
+               if overflow else 0.0)
     wait_s = nxt + (case.lag - 1) * between
     if cut:
         # NOTE: a no_buffer fork ends the producer's extend at the fork: the producer finishes
@@ -286,4 +309,32 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         # finishes only with its rest, one round later per budget's worth (its own rounds),
         # which are longer than the round it would join after the wait.
         recompute_s += math.ceil(rest / max(v.token_budget, 1)) * nxt + c.beta * max(rest - e2, 0)
+    return Verdict(wait_s < recompute_s, wait_s, recompute_s)
+
+
+def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
+    """One verdict for a sibling group: the candidate and the `v.siblings` queued requests
+    behind it that share its prefix to the depth (same producer, same depth, same gain).
+
+    Compares the summed latency of the two consistent choices, each sibling costed as
+    `wait_wins` would see it after the siblings before it: all wait (sibling j finds j more
+    parked rows and tokens in the next round) or all recompute (sibling j finds j more rows in
+    this round and j extends less budget). A split is never better for their question: it
+    waits for both the recompute round and the parked ones' round (docs/design.md, "Sibling
+    groups"). Only the first sibling makes a no_buffer cut."""
+    k = max(1, min(1 + v.siblings, max(v.rows_left, 1)))
+    if k == 1:
+        return wait_wins(c, case, v)
+    e, e2 = case.length - case.ready, case.length - case.depth
+    wait_s = recompute_s = 0.0
+    for j in range(k):
+        cj = case if j == 0 else replace(case, cut_rest=0)
+        dem = max(v.demand_after - j * case.length, 0)
+        vw = replace(v, demand_after=dem, parked_rows=v.parked_rows + j,
+                     parked_tokens=v.parked_tokens + j * e2, siblings=0)
+        vr = replace(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
+                     budget_left=max(v.budget_left - j * e, 0),
+                     rows_left=max(v.rows_left - j, 0), siblings=0)
+        wait_s += wait_wins(c, cj, vw).wait_s
+        recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)

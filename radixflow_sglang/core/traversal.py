@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .cost import CostCoeffs, RoundView, Verdict, WaitCase, wait_wins
+from .cost import CostCoeffs, RoundView, Verdict, WaitCase, group_wait_wins
 from .grid import Grid, Layout
 from .outcome import Blocking
 from .producers import Producer, ProducerIndex, TokenChains
@@ -65,6 +65,10 @@ class Traversal:
         # last round / this round. The next visit keeps it (its cost was counted whole).
         self._committed: dict[str, str] = {}
         self._committing: dict[str, str] = {}
+        # NOTE: (namespace, ready, group depth, hash of the prefix to it) -> this scan's verdict
+        # for that sibling group (not keyed by producer: a sibling that recomputed becomes a
+        # producer of the same depth for the next one)
+        self._groups: dict[tuple, Verdict] = {}
 
     # --- round lifecycle -------------------------------------------------------------------
     def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
@@ -79,6 +83,7 @@ class Traversal:
             self._inflight.add(p.rid)
         self.fork_slots = fork_slots
         self._committed, self._committing = self._committing, {}
+        self._groups = {}
         self.stats = RoundStats(self.round)
         return self.stats
 
@@ -131,25 +136,48 @@ class Traversal:
             return None
         return Blocking(p.rid, depth, c.ready, fork)
 
+    def group_depth(self, b: Blocking) -> int:
+        """The prefix a sibling group shares: the depth floored to a 64-token block. NOTE:
+        siblings' forks differ by a few tokens where their texts differ by a token or two (a
+        no_buffer fork is the exact common prefix: 343 vs 341 traced on RACE options)."""
+        q = self.index.block
+        return max(b.depth // q * q, b.ready)
+
+    def _group(self, c: Candidate, b: Blocking) -> tuple:
+        d = self.group_depth(b)
+        return (c.namespace, b.ready, d, hash(tuple(c.tokens[:d])))
+
+    def group_verdict(self, c: Candidate, b: Blocking) -> Verdict | None:
+        """The verdict this scan already gave a sibling of `c` (same namespace and ready prefix,
+        the same tokens to the group depth), None for the group's first candidate (it needs
+        `RoundView.siblings`)."""
+        return self._groups.get(self._group(c, b))
+
     def decide(self, c: Candidate, b: Blocking, view: RoundView, cost: CostCoeffs) -> Verdict:
         """Cost-aware rule: does waiting for `b` add less summed latency than recomputing?
 
         An in-flight producer publishes after this round (lag 1); one admitted in this scan
-        after `cfg.lag` rounds. A wait decided over 2 rounds (overlap) is kept on its second
-        visit to the same producer: its cost was counted whole, and re-deciding on the rest
-        alone splits siblings (some park, some recompute: their question waits for both).
-        Always True without `cost_aware`. Records only the 2-round waits it decides."""
+        after `cfg.lag` rounds. Siblings (Blocked from the same ready prefix, sharing the tokens
+        to the group depth) get one verdict per scan: the first decides for its group
+        (`group_wait_wins`, `view.siblings`), the rest follow it; a split makes their question
+        wait for both. A wait decided over 2 rounds (overlap) is kept on its second visit to
+        the same producer: its cost was counted whole, and re-deciding on the rest alone splits
+        siblings too. Always True without `cost_aware`. Records only the 2-round waits."""
         if not self.cfg.cost_aware:
             return Verdict(True, 0.0, 0.0)
         if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
             return Verdict(True, 0.0, 0.0)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
-        p = self.index.get(b.producer)
-        cut_rest = 0
-        if b.fork and self.cfg.grid.layout is Layout.NO_BUFFER and p is not None:
-            # the producer's extend would end at the fork: its rest waits a round
-            cut_rest = max(p.prefix + p.extend - b.depth, 0) if not p.forked else 0
-        v = wait_wins(cost, WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest), view)
+        v = self.group_verdict(c, b)
+        if v is None:
+            p = self.index.get(b.producer)
+            cut_rest = 0
+            if b.fork and self.cfg.grid.layout is Layout.NO_BUFFER and p is not None:
+                # the producer's extend would end at the fork: its rest waits a round
+                cut_rest = max(p.prefix + p.extend - b.depth, 0) if not p.forked else 0
+            case = WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest)
+            v = group_wait_wins(cost, case, view)
+            self._groups[self._group(c, b)] = v
         if v.wait and lag > 1:
             self._committing[c.rid] = b.producer
         return v
