@@ -296,7 +296,10 @@ PROCESS_RESULT = '''\
             self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result),
                                            pairs=pairs, forward_iter=batch.forward_iter)
             host = getattr(batch, _HOST, None)
-            if host is not None:  # NOTE: set on every rank's copy of this batch, or on none
+            # NOTE: set on every rank's copy of this batch, or on none. A simulated forward's
+            # time is the cost model's, so the CPU box's scan time is not fed beside it (the
+            # decisions of a simulated server stay a function of its trace, not of the box's load)
+            if host is not None and not forward_timer.simulated(result):
                 self.radixflow.observe_host(host)
         return out
 '''

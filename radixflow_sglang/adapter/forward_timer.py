@@ -53,6 +53,11 @@ def seconds(result) -> float:
     return float(getattr(result, _WALL, float("nan")))
 
 
+def simulated(result) -> bool:
+    """The simulated executor ran this forward (its time is the cost model's, not a clock's)."""
+    return getattr(result, SIM_ATTR, None) is not None
+
+
 def batch_shape(batch) -> tuple[int, int, float]:
     """(rows, extended tokens, full-attention query-key pairs) of a prefill batch."""
     ext = list(getattr(batch, "extend_lens", None) or [])
