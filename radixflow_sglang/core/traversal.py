@@ -69,6 +69,7 @@ class Traversal:
         # for that sibling group (not keyed by producer: a sibling that recomputed becomes a
         # producer of the same depth for the next one)
         self._groups: dict[tuple, Verdict] = {}
+        self._last_group: tuple | None = None  # ((rid, Blocking), key): `_group`'s last answer
 
     # --- round lifecycle -------------------------------------------------------------------
     def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
@@ -84,6 +85,7 @@ class Traversal:
         self.fork_slots = fork_slots
         self._committed, self._committing = self._committing, {}
         self._groups = {}
+        self._last_group = None
         self.stats = RoundStats(self.round)
         return self.stats
 
@@ -144,8 +146,14 @@ class Traversal:
         return max(b.depth // q * q, b.ready)
 
     def _group(self, c: Candidate, b: Blocking) -> tuple:
+        # NOTE: asked twice per candidate (the runtime's sibling count, then `decide`): the
+        # prefix is hashed once (a request's tokens do not change within a scan)
+        if self._last_group is not None and self._last_group[0] == (c.rid, b):
+            return self._last_group[1]
         d = self.group_depth(b)
-        return (c.namespace, b.ready, d, hash(tuple(c.tokens[:d])))
+        key = (c.namespace, b.ready, d, hash(tuple(c.tokens[:d])))
+        self._last_group = ((c.rid, b), key)
+        return key
 
     def group_verdict(self, c: Candidate, b: Blocking) -> Verdict | None:
         """The verdict this scan already gave a sibling of `c` (same namespace and ready prefix,
@@ -168,7 +176,8 @@ class Traversal:
         if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
             return Verdict(True, 0.0, 0.0)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
-        v = self.group_verdict(c, b)
+        key = self._group(c, b)
+        v = self._groups.get(key)
         if v is None:
             p = self.index.get(b.producer)
             cut_rest = 0
@@ -177,7 +186,7 @@ class Traversal:
                 cut_rest = max(p.prefix + p.extend - b.depth, 0) if not p.forked else 0
             case = WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest)
             v = group_wait_wins(cost, case, view)
-            self._groups[self._group(c, b)] = v
+            self._groups[key] = v
         if v.wait and lag > 1:
             self._committing[c.rid] = b.producer
         return v
