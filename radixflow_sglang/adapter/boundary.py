@@ -127,7 +127,7 @@ class BoundaryPublisher:
         self._groups = {}
         self._serving = set()
         if len(self._hashes) > 8 * len(self._queue) + 4096:
-            live = {r.rid for r in self._queue}
+            live = self._queue_rids
             self._hashes = {k: v for k, v in self._hashes.items() if k[0] in live}
             self._defers = {k: v for k, v in self._defers.items() if k in live}
 
