@@ -241,7 +241,8 @@ def as_segments(questions_or_segments: Segment | Iterable[Segment | Question]) -
     raise TypeError("expected Segments or Questions, not a mix")
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+def lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
     if n == 0:
         return 0
@@ -261,7 +262,7 @@ def unique_tokens(questions: Iterable[Question]) -> int:
         seqs = sorted(seqs)
         prev: Sequence[int] = ()
         for s in seqs:
-            total += max(1, len(s) - _lcp(prev, s))
+            total += max(1, len(s) - lcp(prev, s))
             prev = s
     return total
 
@@ -755,5 +756,5 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
 __all__ = [
     "METRIC_KEYS", "ArmResult", "ConservationError", "RoundRecord", "QuestionRecord",
     "SegmentInfo", "as_segments", "capacity_bound", "eq2_split", "probe_segments",
-    "replay", "run_arm", "unique_tokens",
+    "lcp", "replay", "run_arm", "unique_tokens",
 ]

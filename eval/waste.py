@@ -29,18 +29,10 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from eval.twin import lcp
 from eval.workload import Segment
 
 CAUSES = ("grid", "same_round", "later_short", "reprefill")
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    x, y = np.asarray(a[:n]), np.asarray(b[:n])
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else n
 
 
 def _best_earlier(seen: list[list[int]], at: dict[int, float], ids: list[int]
@@ -52,7 +44,7 @@ def _best_earlier(seen: list[list[int]], at: dict[int, float], ids: list[int]
     best, when = 0, None
     for j in (i - 1, i):
         if 0 <= j < len(seen):
-            n = _lcp(ids, seen[j])
+            n = lcp(ids, seen[j])
             t = at[id(seen[j])]
             if n > best or (n == best and n and when is not None and t < when):
                 best, when = n, t
