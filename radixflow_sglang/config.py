@@ -122,7 +122,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("frag_cap", int, 2, "rounds radixflow-frag may defer one request", low=0, high=1000),
     Setting("trace", str, None, "per-round and per-request JSONL trace path (not with stock)",
             path=True),
-    Setting("boundaries", str, "declared", "publication boundaries: publish a request's state "
+    Setting("boundaries", str, "both", "publication boundaries: publish a request's state "
             "where its shared prefix ends: declared (request field, system message, fork "
             "prefix), learned (from the cache's reuse depths), both, or off",
             choices=BOUNDARY_MODES),
@@ -151,7 +151,7 @@ class RadixFlowConfig:
     park_margin: int = 1  # rounds beyond the publish lag a request may stay parked
     frag_cap: int = 2  # rounds a request may be deferred by the fragmentation guard
     trace: str | None = None  # JSONL path for per-round and per-request events
-    boundaries: str = "declared"  # publication boundaries (core/boundary.py MODES)
+    boundaries: str = "both"  # publication boundaries (core/boundary.py MODES)
     chat_boundary: str = "off"  # the chat system message as a declared boundary
 
     def __post_init__(self) -> None:

@@ -18,7 +18,9 @@ from radixflow_sglang.core.boundary import (
     CONTINUATION,
     FORK,
     BoundaryLearner,
+    MarkerLearner,
     optimal_placement,
+    place,
     publish_at,
     wants,
 )
@@ -287,7 +289,7 @@ def test_both_uses_a_declaration_when_there_is_one_else_what_it_learned():
     assert followers_without_hit(declared) == 0
     learned = gsp_paced(kit, 2, 4, system, G + 3, declare=False, seed=2)
     assert followers_without_hit(learned) == 0  # NOTE: the declared groups taught it 3 G
-    assert kit.runtime.boundary.moved == {"declared": 2, "learned": 2}
+    assert kit.runtime.boundary.moved == {"declared": 2, "learned": 2, "marker": 0}
 
 
 def test_learned_leaves_continuations_and_repeats_alone():
@@ -511,6 +513,81 @@ def docs_with_turns(kit, groups: int, seed: int = 4, declare: bool = False):
             sib = prompt + [rng.randrange(100, 200_000) for _ in range(2000)]
             out.append((g, 2, *run_one(kit, f"d{g}s", sib, boundary=b)))
     return out
+
+
+# --- learned document ends (issue 11: the second question on a document) ---------------------
+def test_markers_merge_to_the_template_text_and_find_its_last_occurrence():
+    ml = MarkerLearner(span=6)
+    end = [11, 12, 21, 22]  # "\n\n" + "Question:"
+    a = [1, 2, 3, 4, 5, 6, 7] + end + [90, 91]
+    b = [8, 9, 10, 13, 14] + end + [92]
+    ml.observe(a, 11)
+    assert ml.candidates(b, 0, len(b)) == []  # one fork: not learned yet (support 2)
+    m = ml.observe(b, 9)
+    assert m.tokens == tuple(end) and m.support == 2  # what two documents share there
+    new = [5, 6] + end + [30] * 40 + end + [31, 32]
+    assert ml.candidates(new, 0, len(new)) == [(50, m)]  # the last occurrence, right after it
+    assert ml.candidates(new, 0, 49) == [(6, m)]
+    assert ml.observe([40, 41, 42], 3).support == 1  # no common suffix: a new candidate
+    assert ml.observe([1, 2], 1) is None  # shorter than min_len
+
+
+def test_place_moves_to_the_document_end_only_when_it_serves_more():
+    # 3 queued siblings share to 6,272, a future question (usage 1) to the document's 6,208
+    assert place(0, 6_336, [(6_208, 1.0), (6_272, 1), (6_272, 1), (6_272, 1)]) == 6_208
+    # a marker never reused: the siblings' fork keeps the state (None: not moved)
+    assert place(0, 6_336, [(6_208, 0.01), (6_272, 1), (6_272, 1), (6_272, 1)]) == 6_272
+    # no sibling, no continuation: the document end
+    assert place(0, 6_336, [(6_208, 0.5), (6_336, 0.0)]) == 6_208
+    # continuations of the end outweigh a rarely reused marker: keep the end
+    assert place(0, 640, [(64, 0.2), (640, 1.0)]) is None
+    assert place(0, None, [(64, 1.0)]) is None
+
+
+def doc_questions(kit, docs: int, per_doc: int, seed: int = 0):
+    """RACE-shaped: `per_doc` questions of 4 branches per document (documents of 3-11 grid
+    units: no learned depth fits two of them), each question drained before the next; template
+    tokens fixed (a document ends "\n\n", a question starts "Question:"). (document, question,
+    document length, the least ready prefix of its branches, tokens scheduled)."""
+    G = grid_of()
+    rng = random.Random(seed)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(1000, 200_000) for _ in range(n)]
+
+    out = []
+    for d in range(docs):
+        doc = [5, 6] + rand((3 + 2 * d) * G + rng.randrange(G)) + [11, 12]
+        for q in range(per_doc):
+            question = [21, 22] + rand(G // 2 + rng.randrange(G // 2)) + [31, 32]
+            rids = [f"d{d}q{q}{k}" for k in "ABCD"]
+            for k, rid in enumerate(rids):
+                kit.submit(kit.req(rid, doc + question + rand(6 + k) + [41, 42, 43], "ns"))
+            rounds = kit.drain()
+            ready = min(next(r.prefix[x] for r in rounds if x in r.prefix) for x in rids)
+            tokens = sum(r.extend.get(x, 0) for r in rounds for x in rids)
+            out.append((d, q, len(doc), ready, tokens))
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_second_question_hits_the_document_end_learned_from_other_documents(layout):
+    """Two documents' second questions teach "\n\nQuestion:"; from then on a document's first
+    question publishes its state at its own document end, and the second question resumes
+    there (stock and the depth-only learner: nothing or another document's depth)."""
+    G = grid_of()
+    kit = make("radixflow", "learned", layout)
+    res = doc_questions(kit, 5, 2)
+    later = [(D, ready) for d, q, D, ready, _ in res if d >= 3 and q == 1]
+    # NOTE: the divergence lies after "Question:" (2 tokens into the question piece); a no_buffer
+    # chunk ends on it (page 1), an extra_buffer tracked state on its grid floor
+    exact = layout == "no_buffer"
+    assert later == [(D, D + 2 if exact else (D + 2) // G * G) for D, _ in later]
+    assert kit.runtime.boundary.moved["marker"] >= 2
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+    stock = doc_questions(make("stock", layout=layout), 5, 2)
+    assert all(ready == 0 for d, q, _, ready, _ in stock if d >= 3)
+    assert sum(r[4] for r in res) < sum(r[4] for r in stock)
 
 
 def figures() -> None:

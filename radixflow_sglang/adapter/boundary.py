@@ -30,10 +30,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from radixflow_sglang.core.boundary import (
+    CONTINUATION,
     BoundaryLearner,
+    MarkerLearner,
     UsageRate,
     consumers,
     defer_wins,
+    place,
     publish_at,
     wants,
 )
@@ -101,9 +104,14 @@ class BoundaryPublisher:
         self.declared = wants(mode, "declared")
         self.learned = wants(mode, "learned")
         self.learner = BoundaryLearner(grid.size, rule=rule) if self.learned else None
+        # NOTE: document ends, learned from exact divergence depths (core/boundary.py)
+        self.markers = MarkerLearner() if self.learned else None
+        self._marked: dict[tuple, tuple] = {}  # key -> (marker, siblings queued then)
+        self._chosen: dict = {}  # depth -> marker, of the last marker target
+        self._selected: set[str] = set()  # rids selected this scan
         self.keep_end = keep_end
         self.cost = cost
-        self.moved = {"declared": 0, "learned": 0}
+        self.moved = {"declared": 0, "learned": 0, "marker": 0}
         self.deferred = 0  # rounds requests were deferred for the chunk slot (no_buffer)
         self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
         self.cut: Req | None = None  # the request cut at its boundary this scan
@@ -126,14 +134,17 @@ class BoundaryPublisher:
         self._queue_rids = {r.rid for r in self._queue}
         self._groups = {}
         self._serving = set()
+        self._selected = set()
         if len(self._hashes) > 8 * len(self._queue) + 4096:
             live = self._queue_rids
             self._hashes = {k: v for k, v in self._hashes.items() if k[0] in live}
             self._defers = {k: v for k, v in self._defers.items() if k in live}
 
-    def admitted(self, req: Req, tokens, ns, adder: PrefillAdder, cut_ok: bool) -> int | None:
+    def admitted(self, req: Req, tokens, ns, adder: PrefillAdder, cut_ok: bool,
+                 tree=None) -> int | None:
         """Publish `req`'s state at its boundary if one applies; returns the depth or None.
-        `tokens`: its token ids; `cut_ok`: a cut may take SGLang's one chunk slot this scan."""
+        `tokens`: its token ids; `cut_ok`: a cut may take SGLang's one chunk slot this scan;
+        `tree`: the scheduler's tree cache (a fork's exact depth, for `MarkerLearner`)."""
         if not self.active or self.grid.layout is Layout.FULL:
             return None
         prefix, end = req.prefix_len, req.extend_end
@@ -142,12 +153,18 @@ class BoundaryPublisher:
         if self.learner is not None:
             key = _key(ns, tokens, prefix) if prefix > 0 else None
             self.learner.observe(ns, prefix, key, branching)
+            self._observe_fork(req, tokens, tree, prefix, branching)
         if prefix > 0 and self.usage.watching(prefix):
             self.usage.hit(_key(ns, tokens, prefix))
+        if prefix > 0 and self.markers is not None:
+            self._marker_hit(req, tokens, ns, prefix)
+        self._selected.add(req.rid)
         depth, source = self._target(req, ns, prefix, end - prefix, native_branch)
         if depth is not None and self._publish(req, tokens, ns, depth, adder, cut_ok):
             self.moved[source] += 1
             key = self._key_of(req, tokens, ns, depth)
+            if source == "marker":
+                self._mark(req, tokens, ns, depth, key)
             self._serving.add(key)
             self._done[key] = None
             self.usage.published(key, depth)
@@ -167,10 +184,92 @@ class BoundaryPublisher:
             return publish_at(self.grid, b, prefix, extend), "declared"
         if self.learner is not None and not native_branch:
             native = self.grid.planned_depth(prefix, extend, None)
+            # NOTE: a learned marker first: it finds this request's own document end, where a
+            # depth learned from other paths is only right when their documents are as long
+            d = self._marker_target(req, ns, prefix, extend, native)
+            if d is not None:
+                return d, "marker"
             guess = self.learner.predict(ns, prefix, native)
             if guess is not None:
                 return publish_at(self.grid, guess, prefix, extend), "learned"
         return None, None
+
+    # --- learned document ends (core/boundary.py MarkerLearner) ---------------------------------
+    def _observe_fork(self, req: Req, tokens, tree, prefix: int, branching: int | None) -> None:
+        """A request that leaves a cached path past its ready prefix: learn the text before
+        its exact divergence depth (SGLang keeps only its grid floor: one more tree walk)."""
+        if branching is None or branching <= prefix or tree is None:
+            return
+        hit = kv_hit_length(tree, req, tokens)
+        if hit is not None and hit < req._compute_max_prefix_len(len(tokens)):
+            self.markers.observe(tokens, hit)  # NOTE: capped at len - 1: a repeat, no fork
+
+    def _marker_target(self, req: Req, ns, prefix: int, extend: int,
+                       native: int | None) -> int | None:
+        """A depth right after a learned marker, where the one state serves more requests than
+        where it would go (core/boundary.py `place`), or None."""
+        if native is None:
+            return None
+        from .runtime import req_tokens
+
+        tokens = req_tokens(req)
+        cands = self.markers.candidates(tokens, prefix, prefix + extend)
+        if not cands:
+            return None
+        points = []
+        self._chosen = {}
+        for pos, m in cands:
+            d = publish_at(self.grid, pos, prefix, extend)
+            if d is not None:
+                points.append((d, m.usage.rate))
+                self._chosen.setdefault(d, m)
+        if not points:
+            return None
+        low = min(d for d, _ in points)
+        for common in self._sibling_depths(req, tokens, ns, low):
+            d = publish_at(self.grid, common, prefix, extend)
+            points.append((native if d is None else d, 1.0))
+        points.append((native, self._continuations(ns)))
+        return place(prefix, native, points)
+
+    def _sibling_depths(self, req: Req, tokens, ns, low: int) -> list[int]:
+        """Common prefix with each queued request (not selected) that shares `low` tokens."""
+        from .runtime import namespace, req_tokens
+
+        out = []
+        head = tokens[:low]
+        for r in self._queue:
+            if r is req or r.rid in self._selected:
+                continue
+            t = req_tokens(r)
+            if len(t) > low and namespace(r) == ns and t[:low] == head:
+                out.append(fast_lcp(t, tokens))
+        return out
+
+    def _continuations(self, ns) -> float:
+        """The share of this namespace's reuse events that continued an end state."""
+        ev = self.learner.events(ns)
+        return sum(1 for _, k in ev if k == CONTINUATION) / len(ev) if ev else 0.0
+
+    def _mark(self, req: Req, tokens, ns, depth: int, key: tuple) -> None:
+        """Watch a state published after a marker: used when a later request (not a sibling
+        queued now) resumes from it."""
+        from .runtime import req_tokens
+
+        marker = self._chosen.get(depth)
+        if marker is None:
+            return
+        sibs = frozenset(r.rid for r in self._queue if r is not req
+                         and req_tokens(r)[:depth] == tokens[:depth])
+        marker.usage.published(key, depth)
+        self._marked[key] = (marker, sibs)
+        if len(self._marked) > KEYS:
+            self._marked.pop(next(iter(self._marked)))
+
+    def _marker_hit(self, req: Req, tokens, ns, prefix: int) -> None:
+        hit = self._marked.get(_key(ns, tokens, prefix)) if self._marked else None
+        if hit is not None and req.rid not in hit[1]:
+            hit[0].usage.hit(_key(ns, tokens, prefix))
 
     def defer(self, req: Req, tokens, ns, adder: PrefillAdder, slot_next: bool, running: int,
               cap: int = MAX_DEFER) -> bool:
@@ -299,7 +398,8 @@ class BoundaryPublisher:
 
     def summary(self) -> dict:
         return {"mode": self.mode, "moved_declared": self.moved["declared"],
-                "moved_learned": self.moved["learned"], "deferred": self.deferred,
+                "moved_learned": self.moved["learned"], "moved_marker": self.moved["marker"],
+                "deferred": self.deferred,
                 "cuts_skipped": self.skipped, "reused_share": round(self.usage.rate, 3)}
 
 
@@ -323,6 +423,35 @@ def cut_chunk(req: Req, depth: int, adder: PrefillAdder) -> None:
     if adder.rem_chunk_tokens is not None:
         adder.rem_chunk_tokens += refund
     adder.log_input_tokens -= cut
+
+
+def fast_lcp(a, b) -> int:
+    """Longest common prefix by bisection over slice compares (each in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def kv_hit_length(tree, req: Req, tokens) -> int | None:
+    """The request's Full-KV hit (SGLang's `MatchResult.full_kv_hit_length`, which
+    `match_kv_cache` does not keep on the Req): a tree walk as unified_radix_cache.py
+    `UnifiedRadixCache.touch_prefix` does it (no finalizers, no copy-on-write); None for a
+    cache without a tree core."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.common import _req_radix_key
+
+    core = getattr(tree, "tree_core", None)
+    if core is None or getattr(tree, "disable", False):
+        return None
+    key = _req_radix_key(tree, req, tokens, req._compute_max_prefix_len(len(tokens)))
+    res = core.match_prefix(MatchPrefixParams(key=key))
+    tree._apply_cache_actions(res.cache_actions)
+    return getattr(res, "full_kv_hit_length", None)
 
 
 # --- the chat template's system message (OpenAI chat endpoint) ------------------------------

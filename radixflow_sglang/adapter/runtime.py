@@ -354,7 +354,8 @@ class RadixFlowRuntime:
         # prefill on (as _no_buffer_fork_possible), in either layout.
         cut_ok = (self._fork_chunk is None and sched.chunked_req is None
                   and adder.rem_chunk_tokens is not None)
-        self.boundary.admitted(req, req_tokens(req), namespace(req), adder, cut_ok)
+        self.boundary.admitted(req, req_tokens(req), namespace(req), adder, cut_ok,
+                               tree=sched.tree_cache)
         if self.boundary.cut is req:
             self._fork_chunk = req  # NOTE: it holds SGLang's one chunk slot (see defer)
             if self.traversal is not None:

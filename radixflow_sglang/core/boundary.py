@@ -18,6 +18,7 @@ tracked state per extend, so the adapter asks for M = 1 (argmax_d (d - p) * P(X 
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -247,3 +248,113 @@ class BoundaryLearner:
 
         best = max(inside, key=lambda d: (gain(d), d))
         return best if gain(best) > (native - best) * conts else None
+
+
+# --- learned document ends: the text after which different requests diverge ----------------
+def common_suffix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common suffix of `a` and `b`."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[-1 - i] == b[-1 - i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Marker:
+    """Tokens that preceded divergence points of different paths (a template's text at a
+    document's end, e.g. "\\n\\nQuestion:"), how often seen, and how often a state published
+    right after it was reused by a later request (not a sibling queued at the time)."""
+
+    tokens: tuple[int, ...]
+    support: int = 1
+    usage: UsageRate = field(default_factory=UsageRate)
+    _needle: bytes = b""
+
+    def needle(self) -> bytes:
+        if not self._needle:
+            self._needle = array("q", self.tokens).tobytes()
+        return self._needle
+
+
+@dataclass
+class MarkerLearner:
+    """The document end, learned from the tree's branching (issue 11: a second question on a
+    document recomputes it, because its first question's one state lies past the document).
+
+    Each fork (a request's Full-KV hit runs past its ready prefix, so it leaves a cached path
+    where no state is) gives the exact divergence depth h; the `span` tokens before h are its
+    context. Contexts whose common suffix is at least `min_len` tokens merge into one marker
+    (the suffix: what different documents share there is the template's text, not the
+    document's); a marker seen `support` times is learned. Namespace-free: it learns the
+    template, not the content (no cached content crosses a namespace: only where a request
+    publishes its own state). `candidates` finds, in a new request, the last occurrence of each
+    learned marker: a depth where later requests are expected to diverge."""
+
+    span: int = 16
+    min_len: int = 2
+    support: int = 2
+    limit: int = 16  # markers kept (the least supported replaced)
+    markers: list[Marker] = field(default_factory=list)
+
+    def observe(self, tokens: Sequence[int], hit: int) -> Marker | None:
+        """A fork at exact depth `hit` of `tokens`; returns the marker it joined or started."""
+        if hit < self.min_len:
+            return None
+        ctx = tuple(tokens[max(0, hit - self.span):hit])
+        best = max(self.markers, key=lambda m: common_suffix(m.tokens, ctx), default=None)
+        if best is not None and common_suffix(best.tokens, ctx) >= self.min_len:
+            n = common_suffix(best.tokens, ctx)
+            if n < len(best.tokens):
+                best.tokens, best._needle = best.tokens[-n:], b""
+            best.support += 1
+            return best
+        if len(self.markers) >= self.limit:
+            self.markers.remove(min(self.markers, key=lambda m: m.support))
+        m = Marker(ctx)
+        self.markers.append(m)
+        return m
+
+    def candidates(self, tokens, lo: int, hi: int) -> list[tuple[int, Marker]]:
+        """(depth right after the marker's last occurrence in tokens[lo:hi], marker) for each
+        learned marker that occurs there."""
+        out = []
+        hay = None
+        for m in self.markers:
+            if m.support < self.support:
+                continue
+            if hay is None:
+                arr = tokens[:hi]
+                if not (isinstance(arr, array) and arr.typecode == "q"):
+                    arr = array("q", arr)
+                hay = arr.tobytes()
+            pos = _rfind_aligned(hay, m.needle(), lo * 8)
+            if pos is not None:
+                out.append((pos // 8 + len(m.tokens), m))
+        return out
+
+
+def _rfind_aligned(hay: bytes, needle: bytes, start: int) -> int | None:
+    """Last 8-byte-aligned occurrence of `needle` in hay[start:] (a token boundary)."""
+    end = len(hay)
+    while True:
+        i = hay.rfind(needle, start, end)
+        if i < 0:
+            return None
+        if i % 8 == 0:
+            return i
+        end = i + len(needle) - 1
+
+
+def place(prefix: int, native: int | None, points: Sequence[tuple[int, float]]) -> int | None:
+    """Where one state serves most: `points` are (overlap depth, expected requests) of the
+    later users: siblings queued now (1 each, to their common depth), future requests after a
+    learned marker (its `UsageRate`), continuations of the end (at `native`). The exact M = 1
+    sparse-prefix-caching placement (`optimal_placement`); None to keep `native`."""
+    if native is None or not points:
+        return None
+    chosen, value = optimal_placement([d for d, _ in points], [w for _, w in points], 1,
+                                      base=prefix)
+    if not chosen or chosen[0] >= native or value <= 0:
+        return None
+    return chosen[0]
