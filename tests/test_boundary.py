@@ -522,7 +522,9 @@ def test_markers_merge_to_the_template_text_and_find_its_last_occurrence():
     a = [1, 2, 3, 4, 5, 6, 7] + end + [90, 91]
     b = [8, 9, 10, 13, 14] + end + [92]
     ml.observe(a, 11)
-    assert ml.candidates(b, 0, len(b)) == []  # one fork: not learned yet (support 2)
+    first = ml.markers[0]
+    assert ml.candidates(a, 0, len(a)) == [(11, first)]  # one fork's own 6 tokens: specific
+    assert ml.candidates(b, 0, len(b)) == []  # ... another document's end is not found
     m = ml.observe(b, 9)
     assert m.tokens == tuple(end) and m.support == 2  # what two documents share there
     new = [5, 6] + end + [30] * 40 + end + [31, 32]

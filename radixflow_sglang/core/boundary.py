@@ -292,8 +292,8 @@ class MarkerLearner:
     learned marker: a depth where later requests are expected to diverge."""
 
     span: int = 16
-    min_len: int = 2
-    support: int = 2
+    min_len: int = 3
+    support: int = 1  # NOTE: one fork's 16 tokens are specific; merged markers have >= 2
     limit: int = 16  # markers kept (the least supported replaced)
     markers: list[Marker] = field(default_factory=list)
 
