@@ -88,7 +88,7 @@ FORK_ARMS = ((STOCK_FORK, BASELINE), (FORK_ARM, "radixflow"))  # (arm name, poli
 FORK_NAMESPACE = "fork/"  # the prompt's tag line: "[fork/<workload namespace>]"
 SIM_DEFAULTS = {"alpha": 0.005, "beta": 2e-6, "gamma": 1e-4}  # adapter/simulated.py CostModel
 PAPER_DEFAULTS = {"regime": "all", "order": "both", "questions": 16}
-SERVER_BOUNDARIES = "declared"  # --radixflow-boundaries' default (radixflow_sglang/config.py)
+SERVER_BOUNDARIES = "both"  # --radixflow-boundaries' default (radixflow_sglang/config.py)
 
 
 # --------------------------------------------------------------------------------------------

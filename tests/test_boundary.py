@@ -390,7 +390,7 @@ def test_boundary_field_problems_name_the_field():
 def test_the_setting_names_the_flag_and_the_choices():
     from radixflow_sglang.config import FLAG_NAMES, VAR_NAMES, ConfigError, RadixFlowConfig, build
 
-    assert RadixFlowConfig().boundaries == "declared"
+    assert RadixFlowConfig().boundaries == "both"
     with pytest.raises(ConfigError, match="RadixFlowConfig.boundaries: invalid choice 'x' "
                                           r"\(choose from off, declared, learned, both\)"):
         RadixFlowConfig(boundaries="x")

@@ -62,9 +62,9 @@ def test_paper_defaults_traffic_defaults_and_the_fork_arm():
 
 
 def test_an_arm_per_boundary_mode_and_its_server_flag():
-    specs = run_arms.arm_specs(["stock", "radixflow"], False, ["declared", "learned", "off"])
+    specs = run_arms.arm_specs(["stock", "radixflow"], False, ["both", "learned", "off"])
     assert [(s.name, s.policy, s.boundaries) for s in specs] == [
-        ("stock", "stock", "declared"), ("radixflow", "radixflow", "declared"),
+        ("stock", "stock", "both"), ("radixflow", "radixflow", "both"),
         ("radixflow-learned", "radixflow", "learned"), ("radixflow-off", "radixflow", "off")]
 
     def cmd(spec):
