@@ -83,7 +83,8 @@ class RadixFlowRuntime:
         self.cost = RoundCostEstimator(prior or GENERIC_PRIOR)
         self.share_forward = lambda seconds: seconds  # NOTE: a server broadcasts rank 0's
         self.arrivals = ArrivalRate()  # NOTE: new waiting-queue entries, this rank's clock
-        self.arrival_rate = 0.0  # rank 0's, shared with each prefill forward (the wait rule)
+        self.arrival_rate = 0.0  # rank 0's, shared after each prefill forward (the wait rule)
+        self.share_rate = lambda rate: rate  # NOTE: a server broadcasts rank 0's
         self._queued: set[str] = set()
         self._scan: _ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
@@ -293,7 +294,7 @@ class RadixFlowRuntime:
         seconds = float(self.share_forward(float(seconds)))
         if self.spec.cost_aware and self.traversal is not None:
             # NOTE: a clock reading: every rank takes rank 0's (same forwards, same order)
-            self.arrival_rate = float(self.share_forward(self.arrivals.rate(self.clock())))
+            self.arrival_rate = float(self.share_rate(self.arrivals.rate(self.clock())))
         pairs = float(extra.get("pairs", 0.0))
         accepted = self.cost.observe(rows, tokens, seconds, pairs)
         self._emit({"event": "forward", "round": self.round, "rows": rows,
