@@ -28,7 +28,9 @@ Max sustainable rate: the highest swept rate at which the point and every lower 
 sustainable (a lucky pass above a failure does not count); null when the lowest fails.
 `--refine K` bisects (geometrically) K times between it and the next swept rate; a policy that
 sustains the top rate is censored there (`"censored": "above"`: the true maximum is higher and
-its ratio vs stock a lower bound). `ratio_vs_stock` = a policy's max rate / stock's.
+its ratio vs stock a lower bound). `ratio_vs_stock` = a policy's max rate / stock's. NOTE: on
+the doubling ladder K refinements bracket each max rate within a factor 2^(1/2^K) (K 4: 4.4 %,
+K 6: 1.1 %), so two policies' ratio moves in such steps: compare ratios at one K.
 
 Tokens: every point records the oracle (`unique_tokens`: each shared prefix computed once,
 eval/twin.py's L_cap), `tokens_vs_oracle` and `oracle_vs_stock` (the floor of

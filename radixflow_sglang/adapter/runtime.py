@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.config import RadixFlowConfig  # noqa: F401  (re-export, moved there)
-from radixflow_sglang.core.admission import Agreement, Gate, local_agreement
+from radixflow_sglang.core.admission import Agreement, ArrivalRate, Gate, local_agreement
 from radixflow_sglang.core.cost import GENERIC_PRIOR, CostCoeffs, RoundCostEstimator, RoundView
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
@@ -82,6 +82,10 @@ class RadixFlowRuntime:
                                        self.spec.cost_aware)
         self.cost = RoundCostEstimator(prior or GENERIC_PRIOR)
         self.share_forward = lambda seconds: seconds  # NOTE: a server broadcasts rank 0's
+        self.arrivals = ArrivalRate()  # NOTE: new waiting-queue entries, this rank's clock
+        self.arrival_rate = 0.0  # rank 0's, shared after each prefill forward (the wait rule)
+        self.share_rate = lambda rate: rate  # NOTE: a server broadcasts rank 0's
+        self._queued: set[str] = set()
         self._scan: _ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
@@ -137,6 +141,8 @@ class RadixFlowRuntime:
             self.stats = RoundStats(self.round, t_start=self.clock())
             return
         self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
+        if self.spec.cost_aware:
+            self._count_arrivals(sched.waiting_queue)
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
         if self._no_buffer_fork_possible(sched, adder):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
@@ -144,6 +150,15 @@ class RadixFlowRuntime:
         self._chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
         self.stats = self.traversal.begin_round(self._inflight(sched), slots)
         self.stats.t_start = self.clock()
+
+    def _count_arrivals(self, queue) -> None:
+        """Requests that entered the waiting queue since the last scan (a retracted one re-enters:
+        work arriving all the same), for the arrival rate the wait rule reads."""
+        queued = {r.rid for r in queue}
+        now = self.clock()
+        for _ in range(len(queued - self._queued)):
+            self.arrivals.add(now, 0)
+        self._queued = queued
 
     def chunk_continued(self, sched: Scheduler, req: Req | None) -> None:
         """The continuing chunked request's chunk publishes too. NOTE: `req` is what
@@ -200,7 +215,8 @@ class RadixFlowRuntime:
                    if t.group_verdict(cand, b) is None else 0)
             # NOTE: a round's host time adds to its latency only without overlap
             host = 0.0 if t.cfg.lag > 1 else self.cost.host_s
-            view = replace(self._scan.view(req, adder, sib), host_s=host)
+            view = replace(self._scan.view(req, adder, sib), host_s=host,
+                           arrival_rate=self.arrival_rate)
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
             if self._trace is not None:
                 self._emit({"event": "decide", "round": self.round, "rid": req.rid,
@@ -276,6 +292,9 @@ class RadixFlowRuntime:
         prefill forward in the same order (it runs a collective in a server). `extra`: `pairs`
         (full-attention query-key pairs, fitted as a term) and anything worth tracing."""
         seconds = float(self.share_forward(float(seconds)))
+        if self.spec.cost_aware and self.traversal is not None:
+            # NOTE: a clock reading: every rank takes rank 0's (same forwards, same order)
+            self.arrival_rate = float(self.share_rate(self.arrivals.rate(self.clock())))
         pairs = float(extra.get("pairs", 0.0))
         accepted = self.cost.observe(rows, tokens, seconds, pairs)
         self._emit({"event": "forward", "round": self.round, "rows": rows,

@@ -44,6 +44,7 @@ class RadixFlowScheduler(Scheduler):
                                                                        **collaborators})
         # NOTE: rank 0's measured forward time feeds every rank's round-cost fit.
         self._radixflow.share_forward = scheduler_forward_share(self)
+        self._radixflow.share_rate = scheduler_forward_share(self)  # NOTE: the wait rule's
         self._radixflow.dp_rank = dp_rank_of(self)  # NOTE: DP ranks share one trace file
         return self._radixflow
 

@@ -249,6 +249,7 @@ class RoundView:
     row_budget: int = 64  # S
     siblings: int = 0  # queued after the candidate, sharing its prefix to the depth (its group)
     host_s: float = 0.0  # scheduler host time a round adds (scan + batch prep; 0 under overlap)
+    arrival_rate: float = 0.0  # requests/s arriving (rank 0's clock, shared): they queue too
 
 
 @dataclass(frozen=True)
@@ -302,7 +303,13 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         # the queued work that fills the tokens it leaves when the budget binds.
         backfill = min(case.cut_rest, overflow) / max(v.mean_extend, 1.0)
         wait_s += max(nxt * (1.0 - backfill), 0.0)
-    recompute_s = extra * (v.rows + v.behind) + displaced * nxt
+    # NOTE: under a backlog the extra work also delays every request arriving before the
+    # backlog drains (a work-conserving server stays busy until then): a lower bound on the
+    # busy period's arrivals, zero without overflow (docs/design.md, "Waiting under a backlog")
+    drain = (c.beta * overflow + c.gamma * over_rows
+             + math.ceil(overflow / max(v.token_budget, 1)) * (c.alpha + v.host_s))
+    arriving = v.arrival_rate * drain
+    recompute_s = extra * (v.rows + v.behind + arriving) + displaced * nxt
     rest = e - v.budget_left
     if rest > 0:
         # NOTE: it does not fit what is left of the budget: recomputing chunks it, and it
