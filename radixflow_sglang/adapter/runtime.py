@@ -152,6 +152,11 @@ class RadixFlowRuntime:
         request begin_scan saw as `sched.chunked_req`, admitted when it is in can_run_list."""
         chunk, adder = self._chunk
         self._chunk = (None, None)
+        if (req is None and self.traversal is not None and adder is not None
+                and self.grid.layout is Layout.NO_BUFFER and adder.rem_chunk_tokens is not None):
+            # NOTE: its last chunk runs now and frees SGLang's one chunk slot for this scan
+            # (stock cuts a new chunk in the same round); begin_scan saw the slot taken
+            self.traversal.fork_slots = 1
         req = req if req is not None else chunk
         if req is None or self.traversal is None or req.extend_end is None:
             return
