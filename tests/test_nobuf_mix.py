@@ -135,3 +135,22 @@ def test_sharers_of_one_block_do_not_hide_the_newest_producer():
     hits = idx.sharers(None, query, exclude="b1")
     assert hits[0][0].rid == "b0" and hits[0][1] == common_prefix(query, newest) == 2030
     assert all(n == len(DOC) for _, n in hits[1:])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_producers_last_chunk_is_cut_at_its_late_siblings_fork(make_kit, model):
+    """P's document is longer than the budget: its last chunk runs in round 2, when its
+    sibling S arrives. The last chunk is cut at their fork (it becomes the chunked request
+    again) and S waits for it, instead of recomputing the document beside it."""
+    budget = 1024
+    k = make_kit(model, "no_buffer", "traversal-always", tokens=budget)
+    p, s = DOC[:1500] + toks(5000, 100), DOC[:1500] + toks(6000, 120)
+    k.submit(k.req("P", p))
+    assert k.step().chunked == "P"
+    k.submit(k.req("S", s))
+    r2 = k.step()
+    assert r2.rids == ["P"] and r2.chunked == "P" and r2.prefix["P"] + r2.extend["P"] == 1500
+    k.drain()
+    assert first_prefix(k.rounds)["S"] == 1500
+    assert tokens(k.rounds) == len(p) + len(s) - 1500
+    assert k.leaks() == NO_LEAK
