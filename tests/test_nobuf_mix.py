@@ -11,6 +11,8 @@ sibling recomputing it too) and pinned here on SGLang's real scan, pools and cac
 2. `ProducerIndex.sharers` confirms at most VERIFY sharers of the deepest shared block. Five
    or more producers of one block (a question's branches, then a second question on the same
    document, whose fork lies in the same block) hid the newest, the candidate's own producer.
+3. With the slot free, the continued chunk's last chunk is a movable producer too: a sibling
+   arriving during it waits for its fork instead of chaining on native chunk ends.
 
 Depths are derived from the shapes (no_buffer cuts at the exact common prefix, page 1).
 """
