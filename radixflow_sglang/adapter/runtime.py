@@ -167,14 +167,22 @@ class RadixFlowRuntime:
         request begin_scan saw as `sched.chunked_req`, admitted when it is in can_run_list."""
         chunk, adder = self._chunk
         self._chunk = (None, None)
+        last = (req is None and self.traversal is not None and adder is not None
+                and self.grid.layout is Layout.NO_BUFFER and adder.rem_chunk_tokens is not None)
+        if last:
+            # NOTE: its last chunk runs now and frees SGLang's one chunk slot for this scan
+            # (stock cuts a new chunk in the same round); begin_scan saw the slot taken
+            self.traversal.fork_slots = 1
         req = req if req is not None else chunk
         if req is None or self.traversal is None or req.extend_end is None:
             return
         if req.extend_end > req.prefix_len and any(r is req for r in adder.can_run_list):
             # NOTE: its batch is not prepared yet, so extra_buffer can still move its publish
             # depth to a fork (mamba_branching_seqlen, relative to the chunk's own prefix);
-            # a no_buffer chunk already holds SGLang's one chunk slot: never cut again.
-            movable = self.grid.layout is Layout.EXTRA_BUFFER
+            # a no_buffer chunk that continues holds SGLang's one chunk slot: never cut again;
+            # its last chunk may be cut at a fork (it becomes the chunked request again, as
+            # a request admitted in this scan would, `_apply_fork`)
+            movable = self.grid.layout is Layout.EXTRA_BUFFER or last
             if movable:
                 self._scan_reqs[req.rid] = req
             self.traversal.admitted(self._producer(req, movable=movable))

@@ -198,7 +198,7 @@ class ProducerIndex:
         length, longest first (ties in insertion order, so every TP rank sees the same list).
 
         Walks the request's block chain to the deepest block some producer shares, then
-        confirms at most `VERIFY` of those producers token by token (insertion order): the
+        confirms at most `VERIFY` of those producers token by token (the newest): the
         cost follows the request's length, not the number of producers sharing the prefix.
         Sharers of the deepest block differ by < one block. `chain`: `tokens`' cached chain
         (`chain()`), else hashed afresh.
@@ -213,7 +213,10 @@ class ProducerIndex:
         if deepest:
             tokens = c.tokens  # only on a hit: most lookups stop at the first block
         out = []
-        for rid in [r for r in deepest[: self.VERIFY + 1] if r != exclude][: self.VERIFY]:
+        # NOTE: the newest first: sharers of one block differ by < a block, and an older
+        # group's producers (its siblings, in flight or admitted earlier) must not hide a
+        # later question's producer on the same document (its longer prefix, movable)
+        for rid in [r for r in deepest[-self.VERIFY - 1 :] if r != exclude][-self.VERIFY :]:
             p = self._producers[rid]
             if p.namespace != namespace:
                 continue
