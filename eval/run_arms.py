@@ -213,6 +213,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="requests/s, Poisson (default: inf = burst)")
     g.add_argument("--bench-text", action="store_true",
                    help="send text prompts (re-tokenized by the server) instead of exact ids")
+    g.add_argument("--bench-repeat", type=cli.positive(int), default=1,
+                   help="run the policies' servers this many times, alternated in ABBA "
+                        "order (stock, radixflow, radixflow, stock, ...), each a fresh "
+                        "server, so machine load falls on every policy alike; summary.json "
+                        "keeps each run and the median ratio vs stock (default: %(default)s)")
     g.add_argument("--bench-timeout", type=cli.positive(float),
                    default=bench_arm.BENCH_TIMEOUT_S, help="seconds per bench_serving run")
 
@@ -377,18 +382,27 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
     return arm
 
 
+def bench_order(policies: Sequence[str], repeats: int) -> list[tuple[int, str]]:
+    """(alternation, policy) in ABBA order: even alternations in the order given, odd ones
+    reversed, so a drift in machine load over the run weighs on every policy alike."""
+    return [(k, p) for k in range(repeats)
+            for p in (policies if k % 2 == 0 else list(reversed(policies)))]
+
+
 def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Namespace,
-                     common: list[str], port: int) -> list[bench_arm.BenchRun]:
+                     common: list[str], port: int, repeat: int = 0) -> list[bench_arm.BenchRun]:
     """Every --bench against one fresh server of `policy`, in order. A run counts once the
     server's idle memory check passed after it; a failure fails that run and the ones not yet
-    run on this server (recorded with the error, never filled in)."""
+    run on this server (recorded with the error, never filled in). Each run also records the
+    scheduler process's CPU seconds during it (the host time its rounds cost)."""
     spec = ArmSpec(policy, policy)
-    out_dir = cfg.out / f"bench-{policy}"
+    out_dir = cfg.out / (f"bench-{policy}" + (f"-r{repeat}" if repeat else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path, log = out_dir / "trace.jsonl", out_dir / "server.log"
     trace_path.unlink(missing_ok=True)
     cmd = server_cmd(spec, cfg.stock_cmd, [*common, "--port", str(port)], trace_path)
-    runs = [bench_arm.BenchRun(b, policy, server_command=shlex.join(cmd)) for b in cfg.bench]
+    runs = [bench_arm.BenchRun(b, policy, server_command=shlex.join(cmd), repeat=repeat)
+            for b in cfg.bench]
     done = 0
     try:
         with Server(cmd, server_env(), log, port) as srv:
@@ -399,11 +413,13 @@ def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Nam
                 argv = bench_arm.bench_cmd(run.bench, shape, srv.base, cfg.model_dir,
                                            out_dir / f"bench-{run.bench}.jsonl")
                 run.command = shlex.join(argv)
+                cpu0 = bench_arm.scheduler_cpu_s(srv.proc.pid)
                 try:
                     _, result, server = bench_arm.run_one(
                         run.bench, shape, srv.base, cfg.model_dir, out_dir,
                         lambda mark=mark: prefill_log_lines(log)[mark:],
                         trace_path if spec.traced else None, cfg.bench_timeout)
+                    server["scheduler_cpu_s"] = bench_arm.scheduler_cpu_s(srv.proc.pid) - cpu0
                     srv.idle_leak_check()
                 finally:
                     run.wall_s = time.perf_counter() - t0
@@ -619,8 +635,9 @@ def main(argv: list[str] | None = None) -> int:
         # NOTE: after every live arm, so the twin's CPU work never overlaps a live server
         config["twin_model"] = twin_arms(arms, specs, segments, args, gpu)
     shape = bench_shape(args)
-    runs = [r for policy in (args.bench_policies if args.bench else [])
-            for r in run_bench_policy(policy, shape, args, common, _port(ports))]
+    order = bench_order(args.bench_policies, args.bench_repeat) if args.bench else []
+    runs = [r for k, policy in order
+            for r in run_bench_policy(policy, shape, args, common, _port(ports), k)]
     total = time.perf_counter() - t0
     write_outputs(args.out, config, arms, total,
                   bench=bench_arm.summary(runs, shape) if runs else None)
@@ -645,7 +662,7 @@ def _print_arm(arm: LiveArm) -> None:
 
 
 def _print_bench(run: bench_arm.BenchRun) -> None:
-    name = f"[bench {run.bench} / {run.policy}]"
+    name = f"[bench {run.bench} / {run.policy}" + (f" #{run.repeat}]" if run.repeat else "]")
     if not run.ok:
         print(f"{name} FAILED: {run.error}", file=sys.stderr)
         return
@@ -653,6 +670,7 @@ def _print_bench(run: bench_arm.BenchRun) -> None:
     print(f"{name} completed={r['completed']} sched={s['scheduled_tokens_sglang_log']} "
           f"rounds={s['rounds_sglang_log']} e2e_mean={r['mean_e2e_latency_ms']:.1f}ms "
           f"ttft_mean={r['mean_ttft_ms']:.1f}ms thr={r['request_throughput']:.2f}req/s "
+          f"sched_cpu={s.get('scheduler_cpu_s', math.nan):.2f}s "
           f"({run.wall_s:.1f}s wall)", file=sys.stderr)
 
 
