@@ -27,7 +27,7 @@ BASELINE = "stock"
 STOCK_FORK = "stock-fork"  # the frontend fork program against a stock server
 # Fork arms compare by what the server scheduled (the frontend's own prefix requests included).
 FORK_RATIO_KEYS = ("scheduled_tokens_sglang_log", "rounds_sglang_log", "latency_mean_s",
-                   "latency_p95_s", "latency_p99_s")
+                   "latency_p95_s", "latency_p99_s", "scheduler_cpu_s")
 
 
 @dataclass

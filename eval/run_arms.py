@@ -357,12 +357,14 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
             (arm_dir / "server_info.json").write_text(json.dumps(info, indent=1, default=str))
             sender = make_sender(spec, srv.base, cfg.pool, cfg.model, cfg.n_param)
             log_mark = prefill_log_lines(arm_dir / "server.log")
+            cpu0 = bench_arm.scheduler_cpu_s(srv.proc.pid)
             try:
                 res = client.replay(segments, sender, pool=cfg.pool, raw_path=raw_path,
                                     progress=not cfg.no_progress, desc=spec.name)
             finally:
                 sender.close()
             arm.replay_wall_s = res.wall_s
+            sched_cpu = bench_arm.scheduler_cpu_s(srv.proc.pid) - cpu0
             batches = prefill_log_lines(arm_dir / "server.log")[len(log_mark):]
             leaks = srv.idle_leak_check()
         arm.records = client.read_jsonl(raw_path)
@@ -373,6 +375,8 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
         arm.metrics = client.summarize(arm.records, trace, leaks=leaks,
                                        l_caps=l_caps(segments, bud), budgets=bud)
         add_log_rounds(arm.metrics, batches)
+        # NOTE: the scheduler's host time over the replay, read from the OS for every arm
+        arm.metrics["scheduler_cpu_s"] = sched_cpu
     except Exception as e:  # noqa: BLE001 - the arm fails with its error, never filled in
         arm.error_detail = f"{type(e).__name__}: {e}"
         arm.error = " ".join(arm.error_detail.split())[:2000]  # one line: it goes in tables

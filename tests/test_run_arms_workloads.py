@@ -198,6 +198,7 @@ def test_run_arms_gsp_paced_end_to_end(tmp_path):
         assert m["twin"]["requests"] == 6
         # what SGLang's own log says it scheduled is the prompt less what it served cached
         assert m["scheduled_tokens_sglang_log"] == m["input_tokens"] - m["hit_tokens"]
+        assert m["scheduler_cpu_s"] > 0  # the scheduler child's CPU over the replay
     rf = arms["radixflow"]
     # the declared boundary went with every request: every follower found the shared state
     assert rf["zero_hit_after_requests"] == 0 and rf["scheduled_tokens"] == rf[
