@@ -60,6 +60,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -599,7 +600,18 @@ def live_segments(segments, n_param: bool):
     return fold_warm(segments) if n_param else segments
 
 
+def sigterm_exits() -> None:
+    """SIGTERM (`timeout`, a job stop) unwinds the run like Ctrl-C: every `with Server(...)`
+    on the way out stops its server's process group. NOTE: without it a killed run leaves its
+    server (started in a session of its own) running, holding a port and CPU."""
+    def exit_on(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_on)
+
+
 def main(argv: list[str] | None = None) -> int:
+    sigterm_exits()
     parser = build_parser()
     args = parser.parse_args(argv)
     shape_given = check_args(parser, args)

@@ -5,6 +5,7 @@ two real servers on a small gsp-paced shape."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -314,3 +315,35 @@ def test_scheduler_cpu_seconds_are_read_from_the_scheduler_child_only():
             k.wait()
         launcher.kill()
         launcher.wait()
+
+
+def test_sigterm_stops_the_running_server(tmp_path):
+    """A run killed by SIGTERM (e.g. `timeout`) stops the server it started: the server runs
+    in a session of its own, so nothing else would."""
+    import os
+    import signal
+
+    child = ("import sys, time\n"
+             "from pathlib import Path\n"
+             "from eval.run_arms import sigterm_exits\n"
+             "from radixflow_sglang.testing.server import Server, free_port\n"
+             "sigterm_exits()\n"
+             "srv = Server(['sleep', '600'], {}, Path(sys.argv[1]), free_port())\n"
+             "with srv:\n"
+             "    print(srv.proc.pid, flush=True)\n"
+             "    while True: time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "s.log")], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        server_pid = int(proc.stdout.readline())
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):
+            os.killpg(server_pid, 0)  # the server's whole group is gone
+    finally:
+        proc.kill()
+        proc.wait()
+        if server_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server_pid, signal.SIGKILL)  # NOTE: a failed run leaves no orphan
