@@ -25,7 +25,13 @@ entry (`--model`, radixflow_sglang/models.py: its dummy-weight dir and the paper
   in the replay window, both arms).
 * bench_serving (`--bench gsp,random-ids`, default none; `--bench-policies`, default
   stock,radixflow): SGLang's own `python -m sglang.bench_serving` against a fresh server per
-  policy (eval/bench_arm.py). `--no-replay` runs only these.
+  policy (eval/bench_arm.py). `--no-replay` runs only these. `--bench-repeat N` runs the
+  policies' servers N times in ABBA order (stock, radixflow, radixflow, stock, ...), each a
+  fresh server, and reports each run and the median of the per-alternation ratios vs stock:
+  on a shared machine one pair of runs minutes apart says little about latency.
+
+Every arm and bench run records its scheduler process's CPU seconds (`scheduler_cpu_s`, read
+from the OS for stock and radixflow alike): the host time its rounds cost.
 
 Workloads: the paper's (race, quality, mix, synthetic: --regime --order --questions) or the
 traffic ones of eval/traffic.py (gsp, gsp-paced, nsample, multiturn, noshare) with eval.replay's
