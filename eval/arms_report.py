@@ -27,7 +27,7 @@ BASELINE = "stock"
 STOCK_FORK = "stock-fork"  # the frontend fork program against a stock server
 # Fork arms compare by what the server scheduled (the frontend's own prefix requests included).
 FORK_RATIO_KEYS = ("scheduled_tokens_sglang_log", "rounds_sglang_log", "latency_mean_s",
-                   "latency_p95_s", "latency_p99_s")
+                   "latency_p95_s", "latency_p99_s", "scheduler_cpu_s")
 
 
 @dataclass
@@ -375,6 +375,39 @@ def bench_rows(per_policy: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
     return rows
 
 
+REPEAT_HEADERS = ["policy", "run", "e2e mean (ms)", "TTFT mean (ms)", "e2e p99 (ms)",
+                  "scheduled tokens", "rounds", "scheduler CPU (s)"]
+
+
+def repeat_lines(per_policy: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """--bench-repeat: every alternation's figures (ABBA order, a fresh server each) and the
+    median of the per-alternation ratios vs stock."""
+    if not any(e.get("repeats") for e in per_policy.values()):
+        return []
+    rows = []
+    for policy, e in per_policy.items():
+        for r in e.get("repeats", []):
+            if r.get("failed"):
+                err = str(r.get("error", ""))[:200].replace("|", "/")
+                rows.append([policy, str(r["repeat"]), f"FAILED: {err}"] + ["-"] * 5)
+                continue
+            rows.append([policy, str(r["repeat"]), fmt(r["mean_e2e_latency_ms"], 1),
+                         fmt(r["mean_ttft_ms"], 1), fmt(r["p99_e2e_latency_ms"], 1),
+                         fmt(r["scheduled_tokens_sglang_log"]), fmt(r["rounds_sglang_log"]),
+                         fmt(r.get("scheduler_cpu_s"), 2)])
+    lines = ["Alternations (--bench-repeat, ABBA order, a fresh server each):", ""]
+    lines += table(REPEAT_HEADERS, rows) + [""]
+    for policy, e in per_policy.items():
+        med = e.get("vs_stock_median")
+        if med:
+            lines.append(f"- {policy} vs stock, median over {len(e['vs_stock_repeats'])} "
+                         "alternations: " + ", ".join(
+                             f"{k} {_vs(med, k)}" for k in (
+                                 "mean_e2e_latency_ms", "mean_ttft_ms", "scheduled_tokens",
+                                 "rounds", "scheduler_cpu_s")))
+    return lines + [""]
+
+
 def bench_lines(config: Mapping[str, Any], bench: Mapping[str, Any]) -> list[str]:
     shape = config.get("bench_shape", {})
     lines = ["## bench_serving: SGLang's own benchmark client", "",
@@ -389,6 +422,7 @@ def bench_lines(config: Mapping[str, Any], bench: Mapping[str, Any]) -> list[str
     for name, per_policy in bench.items():
         lines += [f"### {name}", ""]
         lines += table(BENCH_HEADERS, bench_rows(per_policy)) + [""]
+        lines += repeat_lines(per_policy)
         cmds = {p: e.get("command") for p, e in per_policy.items() if e.get("command")}
         lines += [f"- `{p}`: `{c}`" for p, c in cmds.items()] + [""]
     return lines

@@ -193,6 +193,7 @@ class BenchRun:
     server: dict[str, Any] | None = None  # server_counts()
     error: str | None = None
     wall_s: float = 0.0
+    repeat: int = 0  # --bench-repeat: which alternation (ABBA order, eval/run_arms.py)
 
     @property
     def ok(self) -> bool:
@@ -236,10 +237,32 @@ def run_one(name: str, shape: BenchShape, base_url: str, model_dir: Path, out_di
     return cmd, result, server_counts(batches_since_mark(), trace, (t0, t1))
 
 
+def scheduler_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the server's scheduler processes (SGLang's process title
+    "sglang::scheduler...", children of the launcher `pid`) have used so far: the host time
+    its rounds cost, read from the OS, the same way for stock (untouched SGLang) and radixflow."""
+    import psutil
+
+    total = 0.0
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return math.nan
+    for k in kids:
+        try:
+            if "scheduler" in k.name():
+                t = k.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
 def ratios(run: BenchRun, base: BenchRun) -> dict[str, float | None]:
     """run / stock for the headline numbers (None where stock has no value)."""
     pairs = {"scheduled_tokens": ("server", "scheduled_tokens_sglang_log"),
              "rounds": ("server", "rounds_sglang_log"),
+             "scheduler_cpu_s": ("server", "scheduler_cpu_s"),
              "request_throughput": ("result", "request_throughput"),
              "mean_e2e_latency_ms": ("result", "mean_e2e_latency_ms"),
              "median_e2e_latency_ms": ("result", "median_e2e_latency_ms"),
@@ -252,10 +275,33 @@ def ratios(run: BenchRun, base: BenchRun) -> dict[str, float | None]:
     return out
 
 
+REPEAT_FIELDS = (("result", "mean_e2e_latency_ms"), ("result", "mean_ttft_ms"),
+                 ("result", "p99_e2e_latency_ms"), ("server", "scheduled_tokens_sglang_log"),
+                 ("server", "rounds_sglang_log"), ("server", "scheduler_cpu_s"))
+
+
+def repeat_entry(r: BenchRun) -> dict[str, Any]:
+    """One alternation's headline figures (--bench-repeat), or its error."""
+    if not r.ok:
+        return {"repeat": r.repeat, "failed": True, "error": r.error}
+    return {"repeat": r.repeat, **{k: (getattr(r, part) or {}).get(k)
+                                   for part, k in REPEAT_FIELDS}}
+
+
+def _median(xs: Sequence[float]) -> float:
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
 def summary(runs: Sequence[BenchRun], shape: BenchShape) -> dict[str, Any]:
-    """summary.json's "bench": {bench: {policy: {...}}} with ratios vs the stock policy."""
+    """summary.json's "bench": {bench: {policy: {...}}} with ratios vs the stock policy (the
+    first alternation's). With --bench-repeat > 1 every policy also lists its "repeats" and a
+    non-stock one "vs_stock_repeats" (alternation k against stock's alternation k) and
+    "vs_stock_median" (their median per figure: what a claim may quote, never one run)."""
     out: dict[str, Any] = {}
-    for r in runs:
+    first = [r for r in runs if r.repeat == 0]
+    for r in first:
         entry: dict[str, Any] = {"command": r.command, "server_command": r.server_command,
                                  "wall_s": r.wall_s}
         if r.ok:
@@ -268,12 +314,34 @@ def summary(runs: Sequence[BenchRun], shape: BenchShape) -> dict[str, Any]:
             entry |= {"failed": True, "error": r.error}
         out.setdefault(r.bench, {})[r.policy] = entry
     for bench, per in out.items():
-        base = next((r for r in runs if r.bench == bench and r.policy == "stock" and r.ok), None)
-        for r in runs:
+        base = next((r for r in first if r.bench == bench and r.policy == "stock" and r.ok),
+                    None)
+        for r in first:
             if r.bench == bench and r.ok and base is not None and r is not base:
                 per[r.policy]["vs_stock"] = ratios(r, base)
+    if any(r.repeat > 0 for r in runs):
+        _add_repeats(out, runs)
     return out
 
 
+def _add_repeats(out: dict[str, Any], runs: Sequence[BenchRun]) -> None:
+    for bench, per in out.items():
+        stock = {r.repeat: r for r in runs
+                 if r.bench == bench and r.policy == "stock" and r.ok}
+        for policy, entry in per.items():
+            mine = sorted((r for r in runs if r.bench == bench and r.policy == policy),
+                          key=lambda r: r.repeat)
+            entry["repeats"] = [repeat_entry(r) for r in mine]
+            if policy == "stock":
+                continue
+            pairs = [ratios(r, stock[r.repeat]) for r in mine if r.ok and r.repeat in stock]
+            entry["vs_stock_repeats"] = pairs
+            keys = pairs[0].keys() if pairs else ()
+            entry["vs_stock_median"] = {
+                k: _median(vs) if (vs := [p[k] for p in pairs if p[k] is not None]) else None
+                for k in keys}
+
+
 __all__ = ["BENCHES", "BenchRun", "BenchShape", "bench_cmd", "benches", "fold", "read_result",
-           "run_one", "server_counts", "summary"]
+           "repeat_entry", "run_one", "scheduler_cpu_s", "server_counts",
+           "summary"]

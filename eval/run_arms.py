@@ -25,7 +25,13 @@ entry (`--model`, radixflow_sglang/models.py: its dummy-weight dir and the paper
   in the replay window, both arms).
 * bench_serving (`--bench gsp,random-ids`, default none; `--bench-policies`, default
   stock,radixflow): SGLang's own `python -m sglang.bench_serving` against a fresh server per
-  policy (eval/bench_arm.py). `--no-replay` runs only these.
+  policy (eval/bench_arm.py). `--no-replay` runs only these. `--bench-repeat N` runs the
+  policies' servers N times in ABBA order (stock, radixflow, radixflow, stock, ...), each a
+  fresh server, and reports each run and the median of the per-alternation ratios vs stock:
+  on a shared machine one pair of runs minutes apart says little about latency.
+
+Every arm and bench run records its scheduler process's CPU seconds (`scheduler_cpu_s`, read
+from the OS for stock and radixflow alike): the host time its rounds cost.
 
 Workloads: the paper's (race, quality, mix, synthetic: --regime --order --questions) or the
 traffic ones of eval/traffic.py (gsp, gsp-paced, nsample, multiturn, noshare) with eval.replay's
@@ -60,6 +66,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -213,6 +220,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="requests/s, Poisson (default: inf = burst)")
     g.add_argument("--bench-text", action="store_true",
                    help="send text prompts (re-tokenized by the server) instead of exact ids")
+    g.add_argument("--bench-repeat", type=cli.positive(int), default=1,
+                   help="run the policies' servers this many times, alternated in ABBA "
+                        "order (stock, radixflow, radixflow, stock, ...), each a fresh "
+                        "server, so machine load falls on every policy alike; summary.json "
+                        "keeps each run and the median ratio vs stock (default: %(default)s)")
     g.add_argument("--bench-timeout", type=cli.positive(float),
                    default=bench_arm.BENCH_TIMEOUT_S, help="seconds per bench_serving run")
 
@@ -352,12 +364,14 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
             (arm_dir / "server_info.json").write_text(json.dumps(info, indent=1, default=str))
             sender = make_sender(spec, srv.base, cfg.pool, cfg.model, cfg.n_param)
             log_mark = prefill_log_lines(arm_dir / "server.log")
+            cpu0 = bench_arm.scheduler_cpu_s(srv.proc.pid)
             try:
                 res = client.replay(segments, sender, pool=cfg.pool, raw_path=raw_path,
                                     progress=not cfg.no_progress, desc=spec.name)
             finally:
                 sender.close()
             arm.replay_wall_s = res.wall_s
+            sched_cpu = bench_arm.scheduler_cpu_s(srv.proc.pid) - cpu0
             batches = prefill_log_lines(arm_dir / "server.log")[len(log_mark):]
             leaks = srv.idle_leak_check()
         arm.records = client.read_jsonl(raw_path)
@@ -368,6 +382,8 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
         arm.metrics = client.summarize(arm.records, trace, leaks=leaks,
                                        l_caps=l_caps(segments, bud), budgets=bud)
         add_log_rounds(arm.metrics, batches)
+        # NOTE: the scheduler's host time over the replay, read from the OS for every arm
+        arm.metrics["scheduler_cpu_s"] = sched_cpu
     except Exception as e:  # noqa: BLE001 - the arm fails with its error, never filled in
         arm.error_detail = f"{type(e).__name__}: {e}"
         arm.error = " ".join(arm.error_detail.split())[:2000]  # one line: it goes in tables
@@ -377,18 +393,27 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
     return arm
 
 
+def bench_order(policies: Sequence[str], repeats: int) -> list[tuple[int, str]]:
+    """(alternation, policy) in ABBA order: even alternations in the order given, odd ones
+    reversed, so a drift in machine load over the run weighs on every policy alike."""
+    return [(k, p) for k in range(repeats)
+            for p in (policies if k % 2 == 0 else list(reversed(policies)))]
+
+
 def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Namespace,
-                     common: list[str], port: int) -> list[bench_arm.BenchRun]:
+                     common: list[str], port: int, repeat: int = 0) -> list[bench_arm.BenchRun]:
     """Every --bench against one fresh server of `policy`, in order. A run counts once the
     server's idle memory check passed after it; a failure fails that run and the ones not yet
-    run on this server (recorded with the error, never filled in)."""
+    run on this server (recorded with the error, never filled in). Each run also records the
+    scheduler process's CPU seconds during it (the host time its rounds cost)."""
     spec = ArmSpec(policy, policy)
-    out_dir = cfg.out / f"bench-{policy}"
+    out_dir = cfg.out / (f"bench-{policy}" + (f"-r{repeat}" if repeat else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path, log = out_dir / "trace.jsonl", out_dir / "server.log"
     trace_path.unlink(missing_ok=True)
     cmd = server_cmd(spec, cfg.stock_cmd, [*common, "--port", str(port)], trace_path)
-    runs = [bench_arm.BenchRun(b, policy, server_command=shlex.join(cmd)) for b in cfg.bench]
+    runs = [bench_arm.BenchRun(b, policy, server_command=shlex.join(cmd), repeat=repeat)
+            for b in cfg.bench]
     done = 0
     try:
         with Server(cmd, server_env(), log, port) as srv:
@@ -399,11 +424,13 @@ def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Nam
                 argv = bench_arm.bench_cmd(run.bench, shape, srv.base, cfg.model_dir,
                                            out_dir / f"bench-{run.bench}.jsonl")
                 run.command = shlex.join(argv)
+                cpu0 = bench_arm.scheduler_cpu_s(srv.proc.pid)
                 try:
                     _, result, server = bench_arm.run_one(
                         run.bench, shape, srv.base, cfg.model_dir, out_dir,
                         lambda mark=mark: prefill_log_lines(log)[mark:],
                         trace_path if spec.traced else None, cfg.bench_timeout)
+                    server["scheduler_cpu_s"] = bench_arm.scheduler_cpu_s(srv.proc.pid) - cpu0
                     srv.idle_leak_check()
                 finally:
                     run.wall_s = time.perf_counter() - t0
@@ -579,7 +606,18 @@ def live_segments(segments, n_param: bool):
     return fold_warm(segments) if n_param else segments
 
 
+def sigterm_exits() -> None:
+    """SIGTERM (`timeout`, a job stop) unwinds the run like Ctrl-C: every `with Server(...)`
+    on the way out stops its server's process group. NOTE: without it a killed run leaves its
+    server (started in a session of its own) running, holding a port and CPU."""
+    def exit_on(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_on)
+
+
 def main(argv: list[str] | None = None) -> int:
+    sigterm_exits()
     parser = build_parser()
     args = parser.parse_args(argv)
     shape_given = check_args(parser, args)
@@ -619,8 +657,9 @@ def main(argv: list[str] | None = None) -> int:
         # NOTE: after every live arm, so the twin's CPU work never overlaps a live server
         config["twin_model"] = twin_arms(arms, specs, segments, args, gpu)
     shape = bench_shape(args)
-    runs = [r for policy in (args.bench_policies if args.bench else [])
-            for r in run_bench_policy(policy, shape, args, common, _port(ports))]
+    order = bench_order(args.bench_policies, args.bench_repeat) if args.bench else []
+    runs = [r for k, policy in order
+            for r in run_bench_policy(policy, shape, args, common, _port(ports), k)]
     total = time.perf_counter() - t0
     write_outputs(args.out, config, arms, total,
                   bench=bench_arm.summary(runs, shape) if runs else None)
@@ -645,7 +684,7 @@ def _print_arm(arm: LiveArm) -> None:
 
 
 def _print_bench(run: bench_arm.BenchRun) -> None:
-    name = f"[bench {run.bench} / {run.policy}]"
+    name = f"[bench {run.bench} / {run.policy}" + (f" #{run.repeat}]" if run.repeat else "]")
     if not run.ok:
         print(f"{name} FAILED: {run.error}", file=sys.stderr)
         return
@@ -653,6 +692,7 @@ def _print_bench(run: bench_arm.BenchRun) -> None:
     print(f"{name} completed={r['completed']} sched={s['scheduled_tokens_sglang_log']} "
           f"rounds={s['rounds_sglang_log']} e2e_mean={r['mean_e2e_latency_ms']:.1f}ms "
           f"ttft_mean={r['mean_ttft_ms']:.1f}ms thr={r['request_throughput']:.2f}req/s "
+          f"sched_cpu={s.get('scheduler_cpu_s', math.nan):.2f}s "
           f"({run.wall_s:.1f}s wall)", file=sys.stderr)
 
 

@@ -5,6 +5,7 @@ two real servers on a small gsp-paced shape."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -198,6 +199,7 @@ def test_run_arms_gsp_paced_end_to_end(tmp_path):
         assert m["twin"]["requests"] == 6
         # what SGLang's own log says it scheduled is the prompt less what it served cached
         assert m["scheduled_tokens_sglang_log"] == m["input_tokens"] - m["hit_tokens"]
+        assert m["scheduler_cpu_s"] > 0  # the scheduler child's CPU over the replay
     rf = arms["radixflow"]
     # the declared boundary went with every request: every follower found the shared state
     assert rf["zero_hit_after_requests"] == 0 and rf["scheduled_tokens"] == rf[
@@ -217,3 +219,131 @@ def test_gsp_reports_scheduled_over_the_prefix_once_work():
                              twin=_twin(36_864, 0, 0.2))}
     text = "\n".join(arms_report.prefix_once_lines(shape, arms))
     assert "- stock: live 2.00x, twin 1.00x" in text and "36,864 tokens" in text
+
+
+# --- --bench-repeat: alternated servers (the live latency gap, issue 12) ----------------------
+
+
+def test_bench_repeat_alternates_policies_abba_and_refuses_zero(capsys):
+    assert run_arms.bench_order(["stock", "radixflow"], 3) == [
+        (0, "stock"), (0, "radixflow"), (1, "radixflow"), (1, "stock"),
+        (2, "stock"), (2, "radixflow")]
+    assert run_arms.bench_order(["stock", "radixflow"], 1) == [(0, "stock"), (0, "radixflow")]
+    args, _ = _args("--no-replay", "--bench", "gsp", "--bench-repeat", "2")
+    assert args.bench_repeat == 2
+    err = _error(capsys, "--no-replay", "--bench", "gsp", "--bench-repeat", "0")
+    assert "--bench-repeat" in err
+
+
+def _bench_run(policy: str, repeat: int, e2e: float, cpu: float, sched: int = 100):
+    from eval import bench_arm
+
+    r = bench_arm.BenchRun("gsp", policy, command=f"bench {policy} {repeat}", repeat=repeat)
+    r.result = bench_arm.fold({"completed": 4, "mean_e2e_latency_ms": e2e,
+                               "mean_ttft_ms": e2e / 2, "p99_e2e_latency_ms": 2 * e2e}, 4)
+    r.server = bench_arm.server_counts([(4, sched, 0)], None, (0.0, 1.0))
+    r.server["scheduler_cpu_s"] = cpu
+    return r
+
+
+def test_bench_repeats_pair_each_alternation_with_stocks_and_report_the_median(tmp_path):
+    from eval import bench_arm
+
+    # alternation k of radixflow against stock's alternation k: 2.0x, 0.5x, 0.9x -> median 0.9
+    runs = [_bench_run("stock", 0, 100.0, 1.0), _bench_run("radixflow", 0, 200.0, 1.2),
+            _bench_run("radixflow", 1, 60.0, 0.8), _bench_run("stock", 1, 120.0, 1.0),
+            _bench_run("stock", 2, 100.0, 1.0), _bench_run("radixflow", 2, 90.0, 1.1, 80)]
+    s = bench_arm.summary(runs, bench_arm.BenchShape(2, 2, 128, 16, 4))
+    rf = s["gsp"]["radixflow"]
+    assert rf["bench_serving"]["mean_e2e_latency_ms"] == 200.0  # the first alternation's
+    assert rf["vs_stock"]["mean_e2e_latency_ms"] == pytest.approx(2.0)
+    got = [p["mean_e2e_latency_ms"] for p in rf["vs_stock_repeats"]]
+    assert got == pytest.approx([2.0, 0.5, 0.9])
+    assert rf["vs_stock_median"]["mean_e2e_latency_ms"] == pytest.approx(0.9)
+    assert rf["vs_stock_median"]["scheduler_cpu_s"] == pytest.approx(1.1)
+    assert rf["vs_stock_median"]["scheduled_tokens"] == pytest.approx(1.0)
+    assert [r["repeat"] for r in s["gsp"]["stock"]["repeats"]] == [0, 1, 2]
+    assert "vs_stock_median" not in s["gsp"]["stock"]
+    arms_report.write_outputs(tmp_path, {}, {}, 1.0, bench=s)
+    report = (tmp_path / "report.md").read_text()
+    assert "| radixflow | 1 | 60.0 | 30.0 | 120.0 | 100 | 1 | 0.80 |" in report
+    assert "radixflow vs stock, median over 3 alternations: mean_e2e_latency_ms 0.90x" in report
+
+
+def test_a_single_alternation_keeps_todays_summary(tmp_path):
+    from eval import bench_arm
+
+    s = bench_arm.summary([_bench_run("stock", 0, 100.0, 1.0),
+                           _bench_run("radixflow", 0, 150.0, 1.0)],
+                          bench_arm.BenchShape(2, 2, 128, 16, 4))
+    assert "repeats" not in s["gsp"]["radixflow"]
+    assert s["gsp"]["radixflow"]["vs_stock"]["scheduler_cpu_s"] == pytest.approx(1.0)
+    arms_report.write_outputs(tmp_path, {}, {}, 1.0, bench=s)
+    assert "Alternations" not in (tmp_path / "report.md").read_text()
+
+
+def test_scheduler_cpu_seconds_are_read_from_the_scheduler_child_only():
+    """The CPU figure is the OS's count for a child whose process name has "scheduler" (as
+    SGLang's setproctitle names it); other children and the launcher are not counted."""
+    from eval import bench_arm
+
+    code = ("import setproctitle, sys, time\n"
+            "setproctitle.setproctitle(sys.argv[1])\n"
+            "t = time.process_time()\n"
+            "while time.process_time() - t < float(sys.argv[2]): pass\n"
+            "sys.stdout.write('done\\n'); sys.stdout.flush(); sys.stdin.read()\n")
+    launcher = subprocess.Popen(["sleep", "60"])
+    kids = []
+    try:
+        import psutil
+
+        for title, spin in (("sglang::scheduler", "0.3"), ("sglang::detokenizer", "0.3")):
+            kids.append(subprocess.Popen([sys.executable, "-c", code, title, spin],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True))
+        for k in kids:
+            assert k.stdout.readline() == "done\n"  # its CPU time is spent
+        # NOTE: psutil walks real children; give the fake launcher our children by pid
+        me = psutil.Process().pid
+        cpu = bench_arm.scheduler_cpu_s(me)
+        sched_cpu = sum(psutil.Process(kids[0].pid).cpu_times()[:2])
+        assert cpu >= 0.3 and cpu == pytest.approx(sched_cpu, abs=0.05)
+        assert bench_arm.scheduler_cpu_s(launcher.pid) == 0.0  # no scheduler child
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+        launcher.kill()
+        launcher.wait()
+
+
+def test_sigterm_stops_the_running_server(tmp_path):
+    """A run killed by SIGTERM (e.g. `timeout`) stops the server it started: the server runs
+    in a session of its own, so nothing else would."""
+    import os
+    import signal
+
+    child = ("import sys, time\n"
+             "from pathlib import Path\n"
+             "from eval.run_arms import sigterm_exits\n"
+             "from radixflow_sglang.testing.server import Server, free_port\n"
+             "sigterm_exits()\n"
+             "srv = Server(['sleep', '600'], {}, Path(sys.argv[1]), free_port())\n"
+             "with srv:\n"
+             "    print(srv.proc.pid, flush=True)\n"
+             "    while True: time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "s.log")], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        server_pid = int(proc.stdout.readline())
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):
+            os.killpg(server_pid, 0)  # the server's whole group is gone
+    finally:
+        proc.kill()
+        proc.wait()
+        if server_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server_pid, signal.SIGKILL)  # NOTE: a failed run leaves no orphan
