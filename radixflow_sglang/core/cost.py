@@ -59,6 +59,10 @@ GENERIC_PRIOR = CostCoeffs(ALPHA_S, 1.7e-5, 1.24e-4, 0.0, "generic")
 
 # Feature scales: the prior weighs each coefficient like PRIOR_ROUNDS rounds of this shape.
 _SCALE = (1.0, 1024.0, 8.0, 1e6)
+# NOTE: the prior's alpha is an assumption (ALPHA_S), its beta, gamma and delta are derived from
+# the model's FLOPs: a measured level goes to alpha, the derived terms move only as far as the
+# measured shapes span them (docs/design.md, "Cold fits"). Alpha is free from the first forward.
+_PRIOR_WEIGHT = (0.0, 1.0, 1.0, 1.0)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -110,8 +114,9 @@ class RoundCostEstimator:
         self.settle, self.trust = settle, trust
         self._miss: deque[float] = deque(maxlen=settle)  # |log(measured / predicted)|
         self._recent: deque[tuple[list[float], float]] = deque(maxlen=settle)  # (x, measured)
-        # NOTE: the rejected forwards since the last accepted one (a level shift's first ones)
-        self._held: deque[tuple[list[float], float]] = deque(maxlen=max(settle, 1))
+        # NOTE: the rejected forwards of the last `settle` observations (a level shift's first
+        # ones), with the observation count they came at
+        self._held: deque[tuple[int, list[float], float]] = deque(maxlen=max(settle, 1))
         self._t0 = [prior.alpha * _SCALE[0], prior.beta * _SCALE[1], prior.gamma * _SCALE[2],
                     prior.delta * _SCALE[3]]
         self._s = [[0.0] * 4 for _ in range(4)]
@@ -179,18 +184,24 @@ class RoundCostEstimator:
         self._recent.append((x, seconds))
         if abs(r) > self.reject_k * sig:
             self.rejected += 1
-            self._held.append((x, seconds))
+            self._held.append((self.observed, x, seconds))
             return False
         self._feed(x, seconds, r, sig)
         # NOTE: a level shift's first forwards were rejected before the window saw it; they
-        # are fed now if the fit that accepts the shift accepts them (a lone outlier stays out).
+        # are fed once a fit that accepts the shift accepts them (a lone outlier stays out).
+        # One that fails stays held until `settle` forwards have come after it: the first
+        # accepted forward of a shift may not vouch for it yet (σ needs `settle` residuals;
+        # a wrong α makes a 1-row warmup miss by 10x and a 4-row round by 2x), and dropping
+        # it then lost the one forward that pins α (docs/design.md, "Cold fits").
         held, self._held = list(self._held), deque(maxlen=self._held.maxlen)
-        for hx, hy in held:
+        for n, hx, hy in held:
             hp = self._pred(hx)
             hs = self.sigma(max(hp, 0.0))
             if abs(hy - hp) <= self.reject_k * hs:
                 self.rejected -= 1
                 self._feed(hx, hy, hy - hp, hs)
+            elif self.observed - n < self.settle:
+                self._held.append((n, hx, hy))
         return True
 
     def observe_host(self, seconds: float) -> None:
@@ -216,8 +227,9 @@ class RoundCostEstimator:
             self._sy[i] = lam * self._sy[i] + w * x[i] * y
             for j in range(4):
                 self._s[i][j] = lam * self._s[i][j] + w * x[i] * x[j]
-        a = [[self._s[i][j] + (self.n0 if i == j else 0.0) for j in range(4)] for i in range(4)]
-        b = [self._sy[i] + self.n0 * self._t0[i] for i in range(4)]
+        n = [self.n0 * w for w in _PRIOR_WEIGHT]
+        a = [[self._s[i][j] + (n[i] if i == j else 0.0) for j in range(4)] for i in range(4)]
+        b = [self._sy[i] + n[i] * self._t0[i] for i in range(4)]
         self._t = _solve(a, b)
 
     def as_dict(self) -> dict:
