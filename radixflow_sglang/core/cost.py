@@ -87,10 +87,12 @@ class RoundCostEstimator:
     """Weighted least squares over measured forwards, regularised towards a prior.
 
     Solves min sum_i w_i (y_i - x_i.t)^2 + n0 * |t - t0|^2 in scaled features
-    x = (1, tokens/1024, rows/8, pairs/1e6): the prior counts like `prior_rounds` rounds that
-    pin each coefficient, so directions the observed rounds do not span (e.g. every round had
-    the same row count) stay at the prior. Observations decay by `forget` per round (recent
-    hardware state wins; ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
+    x = (1, tokens/1024, rows/8, pairs/1e6) (t0's alpha left out of the penalty): the prior
+    counts like `prior_rounds` rounds that pin each FLOP-derived coefficient (beta, gamma,
+    delta), so directions the observed rounds do not span (e.g. every round had the same row
+    count) stay at the prior; alpha, the prior's assumption, has no prior weight: a measured
+    level is alpha's. Observations decay by `forget` per round (recent hardware state wins;
+    ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
     ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the
     median absolute residual of the last `window` observations, rejected ones included, so a
     genuine level shift (a wrong prior) is accepted from its `settle`-th forward while a lone
@@ -114,9 +116,8 @@ class RoundCostEstimator:
         self.settle, self.trust = settle, trust
         self._miss: deque[float] = deque(maxlen=settle)  # |log(measured / predicted)|
         self._recent: deque[tuple[list[float], float]] = deque(maxlen=settle)  # (x, measured)
-        # NOTE: the rejected forwards of the last `settle` observations (a level shift's first
-        # ones), with the observation count they came at
-        self._held: deque[tuple[int, list[float], float]] = deque(maxlen=max(settle, 1))
+        # NOTE: the rejected forwards since the last accepted one (a level shift's first ones)
+        self._held: deque[tuple[list[float], float]] = deque(maxlen=max(settle, 1))
         self._t0 = [prior.alpha * _SCALE[0], prior.beta * _SCALE[1], prior.gamma * _SCALE[2],
                     prior.delta * _SCALE[3]]
         self._s = [[0.0] * 4 for _ in range(4)]
@@ -184,24 +185,18 @@ class RoundCostEstimator:
         self._recent.append((x, seconds))
         if abs(r) > self.reject_k * sig:
             self.rejected += 1
-            self._held.append((self.observed, x, seconds))
+            self._held.append((x, seconds))
             return False
         self._feed(x, seconds, r, sig)
         # NOTE: a level shift's first forwards were rejected before the window saw it; they
-        # are fed once a fit that accepts the shift accepts them (a lone outlier stays out).
-        # One that fails stays held until `settle` forwards have come after it: the first
-        # accepted forward of a shift may not vouch for it yet (σ needs `settle` residuals;
-        # a wrong α makes a 1-row warmup miss by 10x and a 4-row round by 2x), and dropping
-        # it then lost the one forward that pins α (docs/design.md, "Cold fits").
+        # are fed now if the fit that accepts the shift accepts them (a lone outlier stays out).
         held, self._held = list(self._held), deque(maxlen=self._held.maxlen)
-        for n, hx, hy in held:
+        for hx, hy in held:
             hp = self._pred(hx)
             hs = self.sigma(max(hp, 0.0))
             if abs(hy - hp) <= self.reject_k * hs:
                 self.rejected -= 1
                 self._feed(hx, hy, hy - hp, hs)
-            elif self.observed - n < self.settle:
-                self._held.append((n, hx, hy))
         return True
 
     def observe_host(self, seconds: float) -> None:
@@ -227,7 +222,7 @@ class RoundCostEstimator:
             self._sy[i] = lam * self._sy[i] + w * x[i] * y
             for j in range(4):
                 self._s[i][j] = lam * self._s[i][j] + w * x[i] * x[j]
-        n = [self.n0 * w for w in _PRIOR_WEIGHT]
+        n = [self.n0 * pw for pw in _PRIOR_WEIGHT]
         a = [[self._s[i][j] + (n[i] if i == j else 0.0) for j in range(4)] for i in range(4)]
         b = [self._sy[i] + n[i] * self._t0[i] for i in range(4)]
         self._t = _solve(a, b)
