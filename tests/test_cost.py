@@ -398,9 +398,12 @@ def test_observe_forward_feeds_the_fit_trace_and_summary(make_kit, tmp_path):
     events = [json.loads(x) for x in trace.read_text().splitlines()]
     fwd = [e for e in events if e["event"] == "forward"]
     assert len(fwd) == 60 and all("duration_s" in e and "rows" in e for e in fwd)
-    shared: list[float] = []
-    rt.share_forward = lambda s: (shared.append(s), 0.123)[1]  # rank 0's value wins
-    assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [9.9]
+    shared: list[tuple] = []
+    rt.share_forward = lambda *v: (shared.append(v), (0.123, 0.007)[:len(v)])[1]  # rank 0's
+    assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [(9.9,)]
+    # NOTE: a round's forward and host time are agreed in one broadcast (one collective)
+    assert rt.observe_forward(4, 100, 9.9, 0.5) == 0.123 and shared[1:] == [(9.9, 0.5)]
+    assert rt.cost.host_s == 0.007
     assert make_kit(policy="radixflow-always").runtime.summary()["wait_rule"] == "always"
 
 
@@ -641,7 +644,7 @@ def test_kit_decisions_read_the_host_time_only_without_overlap(make_kit, tmp_pat
     k = make_kit("qwen3.5-4b", "extra_buffer", "traversal", overlap=overlap,
                  radixflow_config=RadixFlowConfig(policy="traversal", trace=str(trace)))
     shared: list[float] = []
-    k.runtime.share_forward = lambda s: (shared.append(s), 0.004)[1]  # rank 0's value wins
+    k.runtime.share_forward = lambda s: (shared.append(s), (0.004,))[1]  # rank 0's value wins
     for s in (0.003, 0.004, 0.005):
         k.runtime.observe_host(s)
     assert shared == [0.003, 0.004, 0.005] and k.runtime.cost.host_s == 0.004

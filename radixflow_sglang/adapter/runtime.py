@@ -25,6 +25,7 @@ from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfi
 
 from . import check_sglang_version
 from .admission import AdmissionHold, Sleep
+from .agreement import local_share
 from .boundary import BoundaryPublisher
 
 check_sglang_version()
@@ -81,7 +82,7 @@ class RadixFlowRuntime:
         tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta,
                                        self.spec.cost_aware)
         self.cost = RoundCostEstimator(prior or GENERIC_PRIOR)
-        self.share_forward = lambda seconds: seconds  # NOTE: a server broadcasts rank 0's
+        self.share_forward = local_share  # NOTE: a server broadcasts rank 0's values
         self._scan: _ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
@@ -270,12 +271,18 @@ class RadixFlowRuntime:
             prior.alpha, prior.beta, prior.gamma, getattr(prior, "delta", 0.0),
             getattr(prior, "source", "custom")))
 
-    def observe_forward(self, rows: int, tokens: int, seconds: float, **extra) -> float:
+    def observe_forward(self, rows: int, tokens: int, seconds: float,
+                        host: float | None = None, **extra) -> float:
         """One prefill forward's measured duration: agreed across ranks (rank 0's value),
         recorded in the trace, fed to the round-cost fit. Every rank must call it for every
-        prefill forward in the same order (it runs a collective in a server). `extra`: `pairs`
-        (full-attention query-key pairs, fitted as a term) and anything worth tracing."""
-        seconds = float(self.share_forward(float(seconds)))
+        prefill forward in the same order (it runs a collective in a server). `host`: the
+        round's scheduler CPU time, agreed in the same broadcast and fed as `observe_host`
+        (None on every rank, or on none). `extra`: `pairs` (full-attention query-key pairs,
+        fitted as a term) and anything worth tracing."""
+        agreed = self.share_forward(*((seconds,) if host is None else (seconds, host)))
+        seconds = float(agreed[0])
+        if host is not None:
+            self.cost.observe_host(float(agreed[1]))
         pairs = float(extra.get("pairs", 0.0))
         accepted = self.cost.observe(rows, tokens, seconds, pairs)
         self._emit({"event": "forward", "round": self.round, "rows": rows,
@@ -289,7 +296,7 @@ class RadixFlowRuntime:
         """One prefill round's scheduler CPU time (scan + batch preparation): agreed across
         ranks like a forward (every rank calls it for the same rounds, in order), fed to the
         host-time estimate the wait rule adds to a round without overlap."""
-        seconds = float(self.share_forward(float(seconds)))
+        seconds = float(self.share_forward(seconds)[0])
         self.cost.observe_host(seconds)
         return seconds
 
