@@ -13,6 +13,7 @@ from radixflow_sglang.core.cost import (
     RoundCostEstimator,
     RoundView,
     WaitCase,
+    group_wait_wins,
     prior_from_geometry,
     wait_wins,
 )
@@ -397,9 +398,15 @@ def test_observe_forward_feeds_the_fit_trace_and_summary(make_kit, tmp_path):
     events = [json.loads(x) for x in trace.read_text().splitlines()]
     fwd = [e for e in events if e["event"] == "forward"]
     assert len(fwd) == 60 and all("duration_s" in e and "rows" in e for e in fwd)
-    shared: list[float] = []
-    rt.share_forward = lambda s: (shared.append(s), 0.123)[1]  # rank 0's value wins
-    assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [9.9]
+    shared: list[tuple] = []
+    rt.share_forward = lambda *v: (shared.append(v), (0.123, 0.007)[:len(v)])[1]  # rank 0's
+    rt.clock = lambda: 1.0  # NOTE: the arrival rate is a clock reading
+    rt.arrivals.add(1.0, 0)
+    rate = rt.arrivals.rate(1.0)
+    assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [(9.9, rate)]
+    # NOTE: a round's forward time, host time and arrival rate are agreed in one broadcast
+    assert rt.observe_forward(4, 100, 9.9, 0.5) == 0.123 and shared[1:] == [(9.9, 0.5, rate)]
+    assert rt.cost.host_s == 0.007 and rt.arrival_rate == 0.007
     assert make_kit(policy="radixflow-always").runtime.summary()["wait_rule"] == "always"
 
 
@@ -640,7 +647,7 @@ def test_kit_decisions_read_the_host_time_only_without_overlap(make_kit, tmp_pat
     k = make_kit("qwen3.5-4b", "extra_buffer", "traversal", overlap=overlap,
                  radixflow_config=RadixFlowConfig(policy="traversal", trace=str(trace)))
     shared: list[float] = []
-    k.runtime.share_forward = lambda s: (shared.append(s), 0.004)[1]  # rank 0's value wins
+    k.runtime.share_forward = lambda s: (shared.append(s), (0.004,))[1]  # rank 0's value wins
     for s in (0.003, 0.004, 0.005):
         k.runtime.observe_host(s)
     assert shared == [0.003, 0.004, 0.005] and k.runtime.cost.host_s == 0.004
@@ -667,3 +674,65 @@ def test_siblings_whose_no_buffer_forks_differ_by_a_token_share_one_verdict():
     assert t.group_depth(bb) == t.group_depth(bc) == 320
     first = t.decide(b_, bb, view(siblings=2), QWEN_4B)
     assert t.group_verdict(c_, bc) == first
+
+
+# --- cold fits of the RACE cells that waited and lost (issue 11) ----------------------------------
+
+# NOTE: eval/costmodel.py's derived priors (alpha the 8 ms assumption) and the twin's measured
+# forwards of the traced cells (race, rate 5, seed 0): (rows, tokens, pairs, seconds).
+NEMOTRON_9B = CostCoeffs(8e-3, 3.9623e-5, 1.6196e-4, 2.0739e-10)
+NEMOTRON_A100 = [(1, 16, 128.0, 0.099079), (4, 1400, 245000.0, 0.153968),
+                 (4, 1418, 251341.0, 0.154683)]
+NEMOTRON_1ROW = (1, 348, 60552.0, 0.112246)  # the round the cold fit waited for
+QWEN35_9B = CostCoeffs(8e-3, 3.5270e-5, 1.2612e-4, 3.3183e-10)
+QWEN35_9B_A50 = [(1, 16, 128.0, 0.049009), (4, 1420, 252050.0, 0.098592),
+                 (4, 1442, 259921.0, 0.099368)]
+QWEN35_9B_NEXT = [(1, 354, 62658.0, 0.061002), (3, 103, 34728.5, 0.052133)]
+
+
+def test_a_cold_fit_learns_the_level_as_alpha_and_feeds_the_held_warmup():
+    """Traced on nemotron-9b race alpha 100 (1.06x mean, 1.24x p95 stock): the warmup (1 row,
+    16 tokens, 99 ms against a predicted 9 ms) was held; the first 4-row round (2.4x its
+    prediction) was accepted, but the ridge fit spread its level over alpha and the derived
+    terms, so the held warmup still missed and was dropped: a 1-row round was predicted at 67 ms
+    (112 ms measured) and the next question's siblings waited for it. With the level in alpha
+    (no prior weight) the first 4-row round's fit accepts the warmup, which pins alpha."""
+    e = RoundCostEstimator(NEMOTRON_9B)
+    assert e.observe(*NEMOTRON_A100[0][:2], NEMOTRON_A100[0][3], NEMOTRON_A100[0][2]) is False
+    for rows, tokens, pairs, s in NEMOTRON_A100[1:]:
+        assert e.observe(rows, tokens, s, pairs)
+    assert e.rejected == 0  # the warmup was fed
+    rows, tokens, pairs, s = NEMOTRON_1ROW
+    assert e.decision_coeffs(rows, tokens, pairs) == pytest.approx(s, rel=0.08)
+
+
+def test_a_held_lone_outlier_is_never_fed_with_alpha_free():
+    """The other side of a free alpha: a first stall is still held out, not learnt as alpha."""
+    truth = CostCoeffs(0.05, 1.8e-5, 1.0e-4)
+    e = RoundCostEstimator(CostCoeffs(0.05, 1.8e-5, 1.0e-4))
+    assert not e.observe(1, 16, 5.0)
+    for rows, tokens in [(4, 1400), (4, 1420), (2, 700), (8, 3000), (1, 300)]:
+        assert e.observe(rows, tokens, truth(rows, tokens))
+    assert e.rejected == 1 and not e._held
+    assert e.coeffs.alpha == pytest.approx(0.05, rel=0.01)
+
+
+def test_a_measured_level_moves_the_assumed_alpha_not_the_derived_terms():
+    """Traced on qwen3.5-9b race alpha 50 (1.03x mean, 1.11x p95): after the warmup and two
+    alike 4-row rounds, the ridge fit weighed the assumed alpha like the FLOP-derived terms and
+    spread the level over all four: a 1-row round predicted 10 % low, so a sibling group waited
+    (wait 0.145 s vs recompute 0.150 s; with the measured rounds recomputing wins). Alpha now
+    carries no prior weight: the level is alpha's, the derived terms keep the prior until the
+    measured shapes span them."""
+    e = RoundCostEstimator(QWEN35_9B)
+    for rows, tokens, pairs, s in QWEN35_9B_A50:
+        e.observe(rows, tokens, s, pairs)
+    c = e.decision_coeffs
+    for rows, tokens, pairs, s in QWEN35_9B_NEXT:
+        assert c(rows, tokens, pairs) == pytest.approx(s, rel=0.03)
+    assert c.beta == pytest.approx(QWEN35_9B.beta, rel=0.05)
+    # NOTE: the traced group: producer selected, three siblings, the 1-row round after it
+    case = WaitCase(ready=0, depth=320, length=354, lag=1)
+    v = view(rows=1, behind=3, budget_left=7838, demand_after=709, siblings=2, mean_extend=355,
+             host_s=0.0038)
+    assert not group_wait_wins(c, case, v).wait

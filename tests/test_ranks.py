@@ -58,3 +58,38 @@ def test_tp_ranks_share_the_hold_and_gather_every_pass(results, n):
     assert r0.rounds == r1.rounds and sorted(_selected(r0.rounds)) == ["q0", "q1", "q2", "q3"]
     assert r0.gathers == r1.gathers == sc.passes
     assert r0.broadcasts == r1.broadcasts > 0  # both ranks called the hold's broadcast alike
+
+
+def _share_ranks(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    from radixflow_sglang.adapter.agreement import forward_share
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    calls = [0]
+    real = dist.broadcast
+
+    def counted(*a, **kw):
+        calls[0] += 1
+        return real(*a, **kw)
+
+    dist.broadcast = counted
+    try:
+        share = forward_share(dist.group.WORLD)
+        # NOTE: each rank's clock measured a slightly different round
+        out[rank] = (share(0.1 + rank, 0.004 + rank), share(0.2 + rank), calls[0])
+    finally:
+        dist.broadcast = real
+        dist.destroy_process_group()
+
+
+def test_tp_ranks_agree_on_a_rounds_forward_and_host_time_in_one_broadcast():
+    """A prefill round's forward duration and host time: rank 0's pair on every rank, one
+    collective per round (issue 11: they were two)."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_share_ranks, args=(_free_port(), out), nprocs=2, join=True)
+        r0, r1 = out[0], out[1]
+    assert r0[0] == r1[0] == (0.1, 0.004) and r0[1] == r1[1] == (0.2,)
+    assert r0[2] == r1[2] == 2  # one broadcast per call, whatever the number of values

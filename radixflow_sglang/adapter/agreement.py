@@ -3,7 +3,8 @@
 Wall clocks differ per rank; the gate's clock-dependent outcome is broadcast from the group's
 first rank over SGLang's CPU (gloo) group, as SGLang's PrefillDelayer shares its state
 (managers/prefill_delayer.py `_gather_info`). Rank-identical outcomes are not broadcast.
-Measured prefill forward durations (the round-cost fit's input) are broadcast the same way.
+A prefill round's measured forward duration and scheduler host time (the round-cost fit's
+inputs) are broadcast the same way, in one collective per round.
 """
 
 from __future__ import annotations
@@ -36,20 +37,25 @@ def scheduler_agreement(sched) -> Agreement:
     return group_agreement(getattr(sched, "attn_tp_cpu_group", None))
 
 
-def forward_share(group) -> Callable[[float], float]:
-    """Rank 0's measured forward duration for every rank of the group (the round-cost fit must
-    be identical everywhere, and each rank's clock measures a slightly different forward)."""
+def local_share(*values: float) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+def forward_share(group) -> Callable[..., tuple[float, ...]]:
+    """Rank 0's measured values (a prefill round's forward duration and host time) for every
+    rank of the group, in one broadcast (the round-cost fit must be identical everywhere, and
+    each rank's clock measures a slightly different round). Every rank passes as many values."""
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
-        return float
+        return local_share
     src = dist.get_global_rank(group, 0)
 
-    def share(seconds: float) -> float:
-        t = torch.tensor([seconds], dtype=torch.float64)
+    def share(*values: float) -> tuple[float, ...]:
+        t = torch.tensor(values, dtype=torch.float64)
         dist.broadcast(t, src=src, group=group)
-        return float(t[0])
+        return tuple(float(v) for v in t)
 
     return share
 
 
-def scheduler_forward_share(sched) -> Callable[[float], float]:
+def scheduler_forward_share(sched) -> Callable[..., tuple[float, ...]]:
     return forward_share(getattr(sched, "attn_tp_cpu_group", None))

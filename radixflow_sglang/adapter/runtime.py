@@ -25,6 +25,7 @@ from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfi
 
 from . import check_sglang_version
 from .admission import AdmissionHold, Sleep
+from .agreement import local_share
 from .boundary import BoundaryPublisher
 
 check_sglang_version()
@@ -81,10 +82,9 @@ class RadixFlowRuntime:
         tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta,
                                        self.spec.cost_aware)
         self.cost = RoundCostEstimator(prior or GENERIC_PRIOR)
-        self.share_forward = lambda seconds: seconds  # NOTE: a server broadcasts rank 0's
+        self.share_forward = local_share  # NOTE: a server broadcasts rank 0's values
         self.arrivals = ArrivalRate()  # NOTE: new waiting-queue entries, this rank's clock
-        self.arrival_rate = 0.0  # rank 0's, shared after each prefill forward (the wait rule)
-        self.share_rate = lambda rate: rate  # NOTE: a server broadcasts rank 0's
+        self.arrival_rate = 0.0  # rank 0's, agreed with each prefill forward (the wait rule)
         self._queued: set[str] = set()
         self._scan: _ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
@@ -294,15 +294,25 @@ class RadixFlowRuntime:
             prior.alpha, prior.beta, prior.gamma, getattr(prior, "delta", 0.0),
             getattr(prior, "source", "custom")))
 
-    def observe_forward(self, rows: int, tokens: int, seconds: float, **extra) -> float:
+    def observe_forward(self, rows: int, tokens: int, seconds: float,
+                        host: float | None = None, **extra) -> float:
         """One prefill forward's measured duration: agreed across ranks (rank 0's value),
         recorded in the trace, fed to the round-cost fit. Every rank must call it for every
-        prefill forward in the same order (it runs a collective in a server). `extra`: `pairs`
-        (full-attention query-key pairs, fitted as a term) and anything worth tracing."""
-        seconds = float(self.share_forward(float(seconds)))
-        if self.spec.cost_aware and self.traversal is not None:
-            # NOTE: a clock reading: every rank takes rank 0's (same forwards, same order)
-            self.arrival_rate = float(self.share_rate(self.arrivals.rate(self.clock())))
+        prefill forward in the same order (it runs a collective in a server). `host`: the
+        round's scheduler CPU time, agreed in the same broadcast and fed as `observe_host`
+        (None on every rank, or on none). The cost-aware rule's arrival rate (a clock reading)
+        rides the same broadcast. `extra`: `pairs` (full-attention query-key pairs, fitted as a
+        term) and anything worth tracing."""
+        rated = self.spec.cost_aware and self.traversal is not None
+        values = (seconds,) + (() if host is None else (host,))
+        if rated:
+            values += (self.arrivals.rate(self.clock()),)
+        agreed = self.share_forward(*values)
+        seconds = float(agreed[0])
+        if host is not None:
+            self.cost.observe_host(float(agreed[1]))
+        if rated:
+            self.arrival_rate = float(agreed[-1])
         pairs = float(extra.get("pairs", 0.0))
         accepted = self.cost.observe(rows, tokens, seconds, pairs)
         self._emit({"event": "forward", "round": self.round, "rows": rows,
@@ -316,7 +326,7 @@ class RadixFlowRuntime:
         """One prefill round's scheduler CPU time (scan + batch preparation): agreed across
         ranks like a forward (every rank calls it for the same rounds, in order), fed to the
         host-time estimate the wait rule adds to a round without overlap."""
-        seconds = float(self.share_forward(float(seconds)))
+        seconds = float(self.share_forward(seconds)[0])
         self.cost.observe_host(seconds)
         return seconds
 

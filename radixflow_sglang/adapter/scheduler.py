@@ -42,9 +42,8 @@ class RadixFlowScheduler(Scheduler):
                     "metrics": scheduler_metrics(self, cfg.policy)}
         self._radixflow = RadixFlowRuntime.for_scheduler(self, cfg, **{**defaults,
                                                                        **collaborators})
-        # NOTE: rank 0's measured forward time feeds every rank's round-cost fit.
+        # NOTE: rank 0's measured forward time (and host time, arrival rate) feeds every rank.
         self._radixflow.share_forward = scheduler_forward_share(self)
-        self._radixflow.share_rate = scheduler_forward_share(self)  # NOTE: the wait rule's
         self._radixflow.dp_rank = dp_rank_of(self)  # NOTE: DP ranks share one trace file
         return self._radixflow
 
@@ -61,16 +60,16 @@ class RadixFlowScheduler(Scheduler):
         out = super().process_batch_result(batch, result)
         if batch.forward_mode.is_extend():
             # NOTE: every rank processes the same batches in the same order, so the broadcast
-            # inside observe_forward runs on every rank, in order.
+            # inside observe_forward runs on every rank, in order (one per prefill round).
             rows, tokens, pairs = forward_timer.batch_shape(batch)
-            self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result),
-                                           pairs=pairs, forward_iter=batch.forward_iter)
             host = getattr(batch, _HOST, None)
             # NOTE: set on every rank's copy of this batch, or on none. A simulated forward's
             # time is the cost model's, so the CPU box's scan time is not fed beside it (the
             # decisions of a simulated server stay a function of its trace, not of the box's load)
-            if host is not None and not forward_timer.simulated(result):
-                self.radixflow.observe_host(host)
+            if forward_timer.simulated(result):
+                host = None
+            self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result), host,
+                                           pairs=pairs, forward_iter=batch.forward_iter)
         return out
 
     def _add_request_to_queue(self, req, is_retracted: bool = False):

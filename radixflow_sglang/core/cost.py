@@ -59,6 +59,10 @@ GENERIC_PRIOR = CostCoeffs(ALPHA_S, 1.7e-5, 1.24e-4, 0.0, "generic")
 
 # Feature scales: the prior weighs each coefficient like PRIOR_ROUNDS rounds of this shape.
 _SCALE = (1.0, 1024.0, 8.0, 1e6)
+# NOTE: the prior's alpha is an assumption (ALPHA_S), its beta, gamma and delta are derived from
+# the model's FLOPs: a measured level goes to alpha, the derived terms move only as far as the
+# measured shapes span them (docs/design.md, "Cold fits"). Alpha is free from the first forward.
+_PRIOR_WEIGHT = (0.0, 1.0, 1.0, 1.0)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -83,10 +87,12 @@ class RoundCostEstimator:
     """Weighted least squares over measured forwards, regularised towards a prior.
 
     Solves min sum_i w_i (y_i - x_i.t)^2 + n0 * |t - t0|^2 in scaled features
-    x = (1, tokens/1024, rows/8, pairs/1e6): the prior counts like `prior_rounds` rounds that
-    pin each coefficient, so directions the observed rounds do not span (e.g. every round had
-    the same row count) stay at the prior. Observations decay by `forget` per round (recent
-    hardware state wins; ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
+    x = (1, tokens/1024, rows/8, pairs/1e6) (t0's alpha left out of the penalty): the prior
+    counts like `prior_rounds` rounds that pin each FLOP-derived coefficient (beta, gamma,
+    delta), so directions the observed rounds do not span (e.g. every round had the same row
+    count) stay at the prior; alpha, the prior's assumption, has no prior weight: a measured
+    level is alpha's. Observations decay by `forget` per round (recent hardware state wins;
+    ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
     ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the
     median absolute residual of the last `window` observations, rejected ones included, so a
     genuine level shift (a wrong prior) is accepted from its `settle`-th forward while a lone
@@ -216,8 +222,9 @@ class RoundCostEstimator:
             self._sy[i] = lam * self._sy[i] + w * x[i] * y
             for j in range(4):
                 self._s[i][j] = lam * self._s[i][j] + w * x[i] * x[j]
-        a = [[self._s[i][j] + (self.n0 if i == j else 0.0) for j in range(4)] for i in range(4)]
-        b = [self._sy[i] + self.n0 * self._t0[i] for i in range(4)]
+        n = [self.n0 * pw for pw in _PRIOR_WEIGHT]
+        a = [[self._s[i][j] + (n[i] if i == j else 0.0) for j in range(4)] for i in range(4)]
+        b = [self._sy[i] + n[i] * self._t0[i] for i in range(4)]
         self._t = _solve(a, b)
 
     def as_dict(self) -> dict:
