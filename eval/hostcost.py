@@ -1,14 +1,17 @@
 """Host-cost model of the scheduler twin: the scheduler's own CPU time per launched round.
 
-    h(round) = s0 + s1 * visited + s2 * rows
+    h(round) = s0 + s1 * visited + s2 * rows + s3 * probed
 
 `visited` counts the requests the scan loop visited (passed its budget check: kit.ScanTiming,
 counted by our runtime for our scan and by the kit at the same place for SGLang's own), `rows`
-the requests the round runs. A scan stops at the first full budget or row limit, so under load
-it visits a fraction of the queue (issue 12); the traversal visits further (it parks Blocked
-requests and goes on), and each visit costs it the producer-index probe (a cached hash-chain
-walk, at most VERIFY prefix compares) and, for a request sharing a live producer's prefix, a
-probe match of the radix tree before the native match. Both scans have the same regressors.
+the requests the round runs, `probed` the visits that ran the traversal's probe match (0 for
+SGLang's scan; the cost-aware rule skips it where recomputing wins at any ready prefix,
+core/traversal.py `recomputes_unprobed`). A scan stops at the first full budget or row limit,
+so under load it visits a fraction of the queue (issue 12); the traversal visits further (it
+parks Blocked requests and goes on), and each visit costs it the producer-index lookup (a
+cached hash-chain walk, at most VERIFY prefix compares) and, for a request a live producer
+could block, the wait rule's bound and, unless that bound already says recompute, a probe
+match of the radix tree before the native match. Both scans have the same regressors.
 The time covers SGLang's prefill scan and batch preparation (`get_next_batch_to_run` with its
 `prepare_for_extend`), which is what `Kit.step` times: the kit runs the real scan code, so its
 process CPU time per scan is this machine's measurement of that work.
@@ -59,9 +62,10 @@ class HostCoef:
     s0: float  # s per launched round
     s1: float  # s per request the scan loop visited
     s2: float  # s per row of the round
+    s3: float = 0.0  # s per visit that ran the traversal's probe match
 
-    def __call__(self, queued: int, rows: int) -> float:
-        return max(0.0, self.s0 + self.s1 * queued + self.s2 * rows)
+    def __call__(self, queued: int, rows: int, probed: int = 0) -> float:
+        return max(0.0, self.s0 + self.s1 * queued + self.s2 * rows + self.s3 * probed)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class HostCost:
 
         def host(rnd: Any, scan: Any) -> float:
             # NOTE: a decode step's scan ran too (the arm's own, admitting nothing new)
-            return coef(_visited(scan), len(rnd.rids))
+            return coef(_visited(scan), len(rnd.rids), getattr(scan, "probed", 0) or 0)
 
         return host
 
@@ -149,10 +153,10 @@ def gpu_cost(cost: Any, host: HostCost | None):
 
 @dataclass(frozen=True)
 class Rounds:
-    """One scan's launched prefill rounds in a replay: (visited, rows) each, and the CPU
-    seconds of every repeat (rounds recur identically: the replay is deterministic)."""
+    """One scan's launched prefill rounds in a replay: (visited, rows[, probed]) each, and the
+    CPU seconds of every repeat (rounds recur identically: the replay is deterministic)."""
 
-    x: list[tuple[int, int]]
+    x: list[tuple[int, ...]]
     cpu: list[list[float]]  # [repeat][round]
 
     def medians(self) -> list[float]:
@@ -164,21 +168,22 @@ class Rounds:
 def record(segs: Any, model: str, policies: tuple[str, ...], repeats: int
            ) -> dict[str, Rounds]:
     """Replay `segs` `repeats` times per policy, interleaved (a load drift hits every arm
-    alike), recording each launched prefill round's (visited, rows) and scan CPU time."""
+    alike), recording each launched prefill round's (visited, rows, probed) and scan CPU
+    time."""
     from eval import twin
 
     out: dict[str, Rounds] = {}
     for r in range(repeats):
         for pol in policies[r % len(policies):] + policies[:r % len(policies)]:
-            rec: list[tuple[int, int, float]] = []
+            rec: list[tuple[int, int, int, float]] = []
 
             def host(rnd: Any, scan: Any, rec: list = rec) -> float:
                 if getattr(rnd, "mode", "prefill") == "prefill" and rnd.rids:
-                    rec.append((_visited(scan), len(rnd.rids), scan.cpu_s))
+                    rec.append((_visited(scan), len(rnd.rids), scan.probed, scan.cpu_s))
                 return 0.0
 
             twin.replay(segs, model, pol, host=host)
-            x = [(v, n) for v, n, _ in rec]
+            x = [(v, n, p) for v, n, p, _ in rec]
             if pol not in out:
                 out[pol] = Rounds(x, [])
             elif out[pol].x != x:
@@ -188,12 +193,15 @@ def record(segs: Any, model: str, policies: tuple[str, ...], repeats: int
     return out
 
 
-def robust_fit(x: list[tuple[int, int]], y: list[float]) -> HostCoef:
-    """s0, s1, s2 >= 0 minimising a Huber loss of y - (s0 + s1 * visited + s2 * rows)."""
+def robust_fit(x: list[tuple[int, ...]], y: list[float], probes: bool = False) -> HostCoef:
+    """s0, s1, s2 (, s3 with `probes`) >= 0 minimising a Huber loss of
+    y - (s0 + s1 * visited + s2 * rows (+ s3 * probed))."""
     import numpy as np
     from scipy.optimize import least_squares
 
-    a = np.column_stack([np.ones(len(x)), np.array(x, dtype=float)])
+    cols = 3 if probes else 2
+    a = np.column_stack([np.ones(len(x)),
+                         np.array([(*r, 0)[:cols] for r in x], dtype=float).reshape(-1, cols)])
     ms = np.array(y) * 1e3  # NOTE: in ms: a well-scaled problem
     scale = max(float(np.median(np.abs(ms - np.median(ms)))), 1e-3)  # Huber's knee: the MAD
     x0 = np.clip(np.linalg.lstsq(a, ms, rcond=None)[0], 0.0, None)
@@ -207,9 +215,9 @@ def fit_rounds(rounds: dict[str, Rounds], native: str = "stock", traversal: str 
     """Stock's coefficients, and the traversal's = stock's + an excess >= 0 (module doc)."""
     base = robust_fit(rounds[native].x, rounds[native].medians())
     tr = rounds[traversal]
-    resid = [c - base(v, n) for (v, n), c in zip(tr.x, tr.medians(), strict=True)]
-    d = robust_fit(tr.x, resid)
-    return base, HostCoef(base.s0 + d.s0, base.s1 + d.s1, base.s2 + d.s2)
+    resid = [c - base(*r[:2]) for r, c in zip(tr.x, tr.medians(), strict=True)]
+    d = robust_fit(tr.x, resid, probes=True)
+    return base, HostCoef(base.s0 + d.s0, base.s1 + d.s1, base.s2 + d.s2, d.s3)
 
 
 def fit(model: str = "qwen3.5-4b", questions: int = 10, data_dir: str | None = None,
@@ -228,15 +236,16 @@ def fit(model: str = "qwen3.5-4b", questions: int = 10, data_dir: str | None = N
             med = r.medians()
             print(f"{pol}: {len(r.x)} rounds x {repeats} repeats; median of round medians "
                   f"{statistics.median(med) * 1e3:.2f} ms, mean {statistics.fmean(med) * 1e3:.2f}"
-                  f" ms; visited median {statistics.median(v for v, _ in r.x):g} "
-                  f"(max {max(v for v, _ in r.x)}), rows median "
-                  f"{statistics.median(n for _, n in r.x):g}", file=sys.stderr)
+                  f" ms; visited median {statistics.median(x[0] for x in r.x):g} "
+                  f"(max {max(x[0] for x in r.x)}), rows median "
+                  f"{statistics.median(x[1] for x in r.x):g}, probed "
+                  f"{sum((*x, 0)[2] for x in r.x)} in all", file=sys.stderr)
         for pol, coef in (("stock", native), ("radixflow", trav)):
             r = rounds[pol]
-            model_ms = statistics.fmean(coef(v, n) for v, n in r.x) * 1e3
+            model_ms = statistics.fmean(coef(*x) for x in r.x) * 1e3
             print(f"{pol}: modelled mean {model_ms:.2f} ms per round", file=sys.stderr)
     return HostCost(native, trav, source=f"fit:kit-scan-cpu mix {model} q{questions} "
-                    f"x{repeats} median huber stock+excess>=0")
+                    f"x{repeats} median huber stock+excess>=0 probe-term")
 
 
 def main(argv: list[str] | None = None) -> int:
