@@ -220,16 +220,27 @@ def fit_rounds(rounds: dict[str, Rounds], native: str = "stock", traversal: str 
     return base, HostCoef(base.s0 + d.s0, base.s1 + d.s1, base.s2 + d.s2, d.s3)
 
 
-def fit(model: str = "qwen3.5-4b", questions: int = 10, data_dir: str | None = None,
-        repeats: int = 5, verbose: bool = False) -> HostCost:
-    """Fit both scans' coefficients from the kit's measured scan CPU time on the workload."""
+# NOTE: the paper workload (probes: the rule waits) and the 0.8B's RACE (the rule recomputes
+# every Blocked branch, unprobed): rounds with and without probes, so s3 and s1 separate.
+FIT_SETS = (("mix", "qwen3.5-4b"), ("race", "qwen3.5-0.8b"))
+
+
+def fit(sets: tuple[tuple[str, str], ...] = FIT_SETS, questions: int = 10,
+        data_dir: str | None = None, repeats: int = 5, verbose: bool = False) -> HostCost:
+    """Fit both scans' coefficients from the kit's measured scan CPU time on the workloads
+    (name, model), their rounds pooled."""
     import statistics
 
     from eval.workload import workload
 
-    segs = workload("mix", model, regime="all", order="forward", questions=questions,
-                    rate=5.0, seed=0, data_dir=data_dir)
-    rounds = record(segs, model, ("stock", "radixflow"), repeats)
+    rounds: dict[str, Rounds] = {}
+    for name, model in sets:
+        segs = workload(name, model, regime="all", order="forward", questions=questions,
+                        rate=5.0, seed=0, data_dir=data_dir)
+        for pol, r in record(segs, model, ("stock", "radixflow"), repeats).items():
+            old = rounds.get(pol, Rounds([], [[] for _ in range(repeats)]))
+            rounds[pol] = Rounds(old.x + r.x, [a + b for a, b in zip(old.cpu, r.cpu,
+                                                                     strict=True)])
     native, trav = fit_rounds(rounds)
     if verbose:
         for pol, r in rounds.items():
@@ -244,7 +255,8 @@ def fit(model: str = "qwen3.5-4b", questions: int = 10, data_dir: str | None = N
             r = rounds[pol]
             model_ms = statistics.fmean(coef(*x) for x in r.x) * 1e3
             print(f"{pol}: modelled mean {model_ms:.2f} ms per round", file=sys.stderr)
-    return HostCost(native, trav, source=f"fit:kit-scan-cpu mix {model} q{questions} "
+    names = "+".join(f"{n}/{m}" for n, m in sets)
+    return HostCost(native, trav, source=f"fit:kit-scan-cpu {names} q{questions} "
                     f"x{repeats} median huber stock+excess>=0 probe-term")
 
 
