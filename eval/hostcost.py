@@ -115,20 +115,22 @@ def _traverses(policy: str) -> bool:
     return bool(policy_spec(policy).traversal)
 
 
-# NOTE: fitted by `python -m eval.hostcost --fit` (see the module docstring); seconds.
-# Measured 2026-11-30 on the shared 2-core machine under load (load average ~13), 5 interleaved
-# repeats: stock 33 rounds, median 2.82 ms per scan (mean 3.13), visited median 4 (max 10);
-# radixflow 43 rounds, median 3.09 ms (mean 3.36), visited median 4 (max 7). Stock's visits
-# and rows move together (it admits what it visits, bar the request that ends the loop), so
-# its per-visit cost is absorbed by its per-row term (s1 ~ 0); the traversal's excess is per
-# visit (0.19 ms: the probe of a request that shares a producer's prefix, mostly its probe
-# match), its intercept and per-row excess fitted 0. Before the probe work was cut (one
-# lookup per visit, cached chains, array tokens, no probe match when nothing can block), the
-# unconstrained fit charged the traversal -0.15 ms + 1.19 ms per visit + 0.215 ms per row.
+# NOTE: fitted by `python -m eval.hostcost --fit --repeats 5` (see the module docstring);
+# seconds. Measured 2026-11-30 on the shared 2-core machine under load (load average ~12), 5
+# interleaved repeats, mix/qwen3.5-4b and race/qwen3.5-0.8b pooled: stock 63 rounds, median
+# 2.34 ms per scan (mean 2.62); radixflow 73 rounds, median 2.94 ms (mean 3.19), 67 probes
+# (the 0.8B's RACE branches recompute unprobed). Stock's visits and rows move together, so its
+# per-visit cost is absorbed by its per-row term (s1 ~ 0). The traversal's excess: 0.48 ms per
+# round (begin_scan's in-flight producers, the admission hold's queue walk, end_scan) and
+# 0.48 ms per probed visit (its probe match, view and sibling count, the rule), none per plain
+# visit. Before the probe skip (pre-probe-term fit, mix/4B alone): stock 1.555 ms + 0.380 ms
+# per row, the traversal 0.186 ms more per visit whatever the rule did; before the probe work
+# was cut, -0.15 ms + 1.19 ms per visit + 0.215 ms per row.
 DEFAULT_HOST = HostCost(
-    native=HostCoef(s0=1.555e-3, s1=0.0, s2=3.80e-4),
-    traversal=HostCoef(s0=1.555e-3, s1=1.856e-4, s2=3.80e-4),
-    source="fit:kit-scan-cpu mix qwen3.5-4b q10 x5 median huber stock+excess>=0",
+    native=HostCoef(s0=0.723e-3, s1=0.0, s2=4.45e-4),
+    traversal=HostCoef(s0=1.205e-3, s1=0.0, s2=4.45e-4, s3=4.80e-4),
+    source="fit:kit-scan-cpu mix/qwen3.5-4b+race/qwen3.5-0.8b q10 x5 median huber "
+           "stock+excess>=0 probe-term",
 )
 
 
