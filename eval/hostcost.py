@@ -87,8 +87,13 @@ class HostCost:
             return lambda _rnd, scan: scan.cpu_s
 
         def host(rnd: Any, scan: Any) -> float:
-            # NOTE: a decode step's scan ran too (the arm's own, admitting nothing new)
-            return coef(_visited(scan), len(rnd.rids), getattr(scan, "probed", 0) or 0)
+            # NOTE: a decode step's scan ran too (the arm's own, admitting nothing new); one
+            # that visited nothing (an empty queue: SGLang returns before the scan loop) costs
+            # SGLang's own fixed time whatever the arm (the traversal's per-round excess is
+            # its scan hooks' work)
+            visited = _visited(scan)
+            c = coef if visited or rnd.rids else self.native
+            return c(visited, len(rnd.rids), getattr(scan, "probed", 0) or 0)
 
         return host
 
