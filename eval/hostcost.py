@@ -1,14 +1,17 @@
 """Host-cost model of the scheduler twin: the scheduler's own CPU time per launched round.
 
-    h(round) = s0 + s1 * visited + s2 * rows
+    h(round) = s0 + s1 * visited + s2 * rows + s3 * probed
 
 `visited` counts the requests the scan loop visited (passed its budget check: kit.ScanTiming,
 counted by our runtime for our scan and by the kit at the same place for SGLang's own), `rows`
-the requests the round runs. A scan stops at the first full budget or row limit, so under load
-it visits a fraction of the queue (issue 12); the traversal visits further (it parks Blocked
-requests and goes on), and each visit costs it the producer-index probe (a cached hash-chain
-walk, at most VERIFY prefix compares) and, for a request sharing a live producer's prefix, a
-probe match of the radix tree before the native match. Both scans have the same regressors.
+the requests the round runs, `probed` the visits that ran the traversal's probe match (0 for
+SGLang's scan; the cost-aware rule skips it where recomputing wins at any ready prefix,
+core/traversal.py `recomputes_unprobed`). A scan stops at the first full budget or row limit,
+so under load it visits a fraction of the queue (issue 12); the traversal visits further (it
+parks Blocked requests and goes on), and each visit costs it the producer-index lookup (a
+cached hash-chain walk, at most VERIFY prefix compares) and, for a request a live producer
+could block, the wait rule's bound and, unless that bound already says recompute, a probe
+match of the radix tree before the native match. Both scans have the same regressors.
 The time covers SGLang's prefill scan and batch preparation (`get_next_batch_to_run` with its
 `prepare_for_extend`), which is what `Kit.step` times: the kit runs the real scan code, so its
 process CPU time per scan is this machine's measurement of that work.
@@ -59,9 +62,10 @@ class HostCoef:
     s0: float  # s per launched round
     s1: float  # s per request the scan loop visited
     s2: float  # s per row of the round
+    s3: float = 0.0  # s per visit that ran the traversal's probe match
 
-    def __call__(self, queued: int, rows: int) -> float:
-        return max(0.0, self.s0 + self.s1 * queued + self.s2 * rows)
+    def __call__(self, queued: int, rows: int, probed: int = 0) -> float:
+        return max(0.0, self.s0 + self.s1 * queued + self.s2 * rows + self.s3 * probed)
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,13 @@ class HostCost:
             return lambda _rnd, scan: scan.cpu_s
 
         def host(rnd: Any, scan: Any) -> float:
-            # NOTE: a decode step's scan ran too (the arm's own, admitting nothing new)
-            return coef(_visited(scan), len(rnd.rids))
+            # NOTE: a decode step's scan ran too (the arm's own, admitting nothing new); one
+            # that visited nothing (an empty queue: SGLang returns before the scan loop) costs
+            # SGLang's own fixed time whatever the arm (the traversal's per-round excess is
+            # its scan hooks' work)
+            visited = _visited(scan)
+            c = coef if visited or rnd.rids else self.native
+            return c(visited, len(rnd.rids), getattr(scan, "probed", 0) or 0)
 
         return host
 
@@ -111,20 +120,22 @@ def _traverses(policy: str) -> bool:
     return bool(policy_spec(policy).traversal)
 
 
-# NOTE: fitted by `python -m eval.hostcost --fit` (see the module docstring); seconds.
-# Measured 2026-11-30 on the shared 2-core machine under load (load average ~13), 5 interleaved
-# repeats: stock 33 rounds, median 2.82 ms per scan (mean 3.13), visited median 4 (max 10);
-# radixflow 43 rounds, median 3.09 ms (mean 3.36), visited median 4 (max 7). Stock's visits
-# and rows move together (it admits what it visits, bar the request that ends the loop), so
-# its per-visit cost is absorbed by its per-row term (s1 ~ 0); the traversal's excess is per
-# visit (0.19 ms: the probe of a request that shares a producer's prefix, mostly its probe
-# match), its intercept and per-row excess fitted 0. Before the probe work was cut (one
-# lookup per visit, cached chains, array tokens, no probe match when nothing can block), the
-# unconstrained fit charged the traversal -0.15 ms + 1.19 ms per visit + 0.215 ms per row.
+# NOTE: fitted by `python -m eval.hostcost --fit --repeats 5` (see the module docstring);
+# seconds. Measured 2026-11-30 on the shared 2-core machine under load (load average ~12), 5
+# interleaved repeats, mix/qwen3.5-4b and race/qwen3.5-0.8b pooled: stock 63 rounds, median
+# 2.34 ms per scan (mean 2.62); radixflow 73 rounds, median 2.94 ms (mean 3.19), 67 probes
+# (the 0.8B's RACE branches recompute unprobed). Stock's visits and rows move together, so its
+# per-visit cost is absorbed by its per-row term (s1 ~ 0). The traversal's excess: 0.48 ms per
+# round (begin_scan's in-flight producers, the admission hold's queue walk, end_scan) and
+# 0.48 ms per probed visit (its probe match, view and sibling count, the rule), none per plain
+# visit. Before the probe skip (pre-probe-term fit, mix/4B alone): stock 1.555 ms + 0.380 ms
+# per row, the traversal 0.186 ms more per visit whatever the rule did; before the probe work
+# was cut, -0.15 ms + 1.19 ms per visit + 0.215 ms per row.
 DEFAULT_HOST = HostCost(
-    native=HostCoef(s0=1.555e-3, s1=0.0, s2=3.80e-4),
-    traversal=HostCoef(s0=1.555e-3, s1=1.856e-4, s2=3.80e-4),
-    source="fit:kit-scan-cpu mix qwen3.5-4b q10 x5 median huber stock+excess>=0",
+    native=HostCoef(s0=0.723e-3, s1=0.0, s2=4.45e-4),
+    traversal=HostCoef(s0=1.205e-3, s1=0.0, s2=4.45e-4, s3=4.80e-4),
+    source="fit:kit-scan-cpu mix/qwen3.5-4b+race/qwen3.5-0.8b q10 x5 median huber "
+           "stock+excess>=0 probe-term",
 )
 
 
@@ -149,10 +160,10 @@ def gpu_cost(cost: Any, host: HostCost | None):
 
 @dataclass(frozen=True)
 class Rounds:
-    """One scan's launched prefill rounds in a replay: (visited, rows) each, and the CPU
-    seconds of every repeat (rounds recur identically: the replay is deterministic)."""
+    """One scan's launched prefill rounds in a replay: (visited, rows[, probed]) each, and the
+    CPU seconds of every repeat (rounds recur identically: the replay is deterministic)."""
 
-    x: list[tuple[int, int]]
+    x: list[tuple[int, ...]]
     cpu: list[list[float]]  # [repeat][round]
 
     def medians(self) -> list[float]:
@@ -164,21 +175,22 @@ class Rounds:
 def record(segs: Any, model: str, policies: tuple[str, ...], repeats: int
            ) -> dict[str, Rounds]:
     """Replay `segs` `repeats` times per policy, interleaved (a load drift hits every arm
-    alike), recording each launched prefill round's (visited, rows) and scan CPU time."""
+    alike), recording each launched prefill round's (visited, rows, probed) and scan CPU
+    time."""
     from eval import twin
 
     out: dict[str, Rounds] = {}
     for r in range(repeats):
         for pol in policies[r % len(policies):] + policies[:r % len(policies)]:
-            rec: list[tuple[int, int, float]] = []
+            rec: list[tuple[int, int, int, float]] = []
 
             def host(rnd: Any, scan: Any, rec: list = rec) -> float:
                 if getattr(rnd, "mode", "prefill") == "prefill" and rnd.rids:
-                    rec.append((_visited(scan), len(rnd.rids), scan.cpu_s))
+                    rec.append((_visited(scan), len(rnd.rids), scan.probed, scan.cpu_s))
                 return 0.0
 
             twin.replay(segs, model, pol, host=host)
-            x = [(v, n) for v, n, _ in rec]
+            x = [(v, n, p) for v, n, p, _ in rec]
             if pol not in out:
                 out[pol] = Rounds(x, [])
             elif out[pol].x != x:
@@ -188,12 +200,15 @@ def record(segs: Any, model: str, policies: tuple[str, ...], repeats: int
     return out
 
 
-def robust_fit(x: list[tuple[int, int]], y: list[float]) -> HostCoef:
-    """s0, s1, s2 >= 0 minimising a Huber loss of y - (s0 + s1 * visited + s2 * rows)."""
+def robust_fit(x: list[tuple[int, ...]], y: list[float], probes: bool = False) -> HostCoef:
+    """s0, s1, s2 (, s3 with `probes`) >= 0 minimising a Huber loss of
+    y - (s0 + s1 * visited + s2 * rows (+ s3 * probed))."""
     import numpy as np
     from scipy.optimize import least_squares
 
-    a = np.column_stack([np.ones(len(x)), np.array(x, dtype=float)])
+    cols = 3 if probes else 2
+    a = np.column_stack([np.ones(len(x)),
+                         np.array([(*r, 0)[:cols] for r in x], dtype=float).reshape(-1, cols)])
     ms = np.array(y) * 1e3  # NOTE: in ms: a well-scaled problem
     scale = max(float(np.median(np.abs(ms - np.median(ms)))), 1e-3)  # Huber's knee: the MAD
     x0 = np.clip(np.linalg.lstsq(a, ms, rcond=None)[0], 0.0, None)
@@ -207,36 +222,49 @@ def fit_rounds(rounds: dict[str, Rounds], native: str = "stock", traversal: str 
     """Stock's coefficients, and the traversal's = stock's + an excess >= 0 (module doc)."""
     base = robust_fit(rounds[native].x, rounds[native].medians())
     tr = rounds[traversal]
-    resid = [c - base(v, n) for (v, n), c in zip(tr.x, tr.medians(), strict=True)]
-    d = robust_fit(tr.x, resid)
-    return base, HostCoef(base.s0 + d.s0, base.s1 + d.s1, base.s2 + d.s2)
+    resid = [c - base(*r[:2]) for r, c in zip(tr.x, tr.medians(), strict=True)]
+    d = robust_fit(tr.x, resid, probes=True)
+    return base, HostCoef(base.s0 + d.s0, base.s1 + d.s1, base.s2 + d.s2, d.s3)
 
 
-def fit(model: str = "qwen3.5-4b", questions: int = 10, data_dir: str | None = None,
-        repeats: int = 5, verbose: bool = False) -> HostCost:
-    """Fit both scans' coefficients from the kit's measured scan CPU time on the workload."""
+# NOTE: the paper workload (probes: the rule waits) and the 0.8B's RACE (the rule recomputes
+# every Blocked branch, unprobed): rounds with and without probes, so s3 and s1 separate.
+FIT_SETS = (("mix", "qwen3.5-4b"), ("race", "qwen3.5-0.8b"))
+
+
+def fit(sets: tuple[tuple[str, str], ...] = FIT_SETS, questions: int = 10,
+        data_dir: str | None = None, repeats: int = 5, verbose: bool = False) -> HostCost:
+    """Fit both scans' coefficients from the kit's measured scan CPU time on the workloads
+    (name, model), their rounds pooled."""
     import statistics
 
     from eval.workload import workload
 
-    segs = workload("mix", model, regime="all", order="forward", questions=questions,
-                    rate=5.0, seed=0, data_dir=data_dir)
-    rounds = record(segs, model, ("stock", "radixflow"), repeats)
+    rounds: dict[str, Rounds] = {}
+    for name, model in sets:
+        segs = workload(name, model, regime="all", order="forward", questions=questions,
+                        rate=5.0, seed=0, data_dir=data_dir)
+        for pol, r in record(segs, model, ("stock", "radixflow"), repeats).items():
+            old = rounds.get(pol, Rounds([], [[] for _ in range(repeats)]))
+            rounds[pol] = Rounds(old.x + r.x, [a + b for a, b in zip(old.cpu, r.cpu,
+                                                                     strict=True)])
     native, trav = fit_rounds(rounds)
     if verbose:
         for pol, r in rounds.items():
             med = r.medians()
             print(f"{pol}: {len(r.x)} rounds x {repeats} repeats; median of round medians "
                   f"{statistics.median(med) * 1e3:.2f} ms, mean {statistics.fmean(med) * 1e3:.2f}"
-                  f" ms; visited median {statistics.median(v for v, _ in r.x):g} "
-                  f"(max {max(v for v, _ in r.x)}), rows median "
-                  f"{statistics.median(n for _, n in r.x):g}", file=sys.stderr)
+                  f" ms; visited median {statistics.median(x[0] for x in r.x):g} "
+                  f"(max {max(x[0] for x in r.x)}), rows median "
+                  f"{statistics.median(x[1] for x in r.x):g}, probed "
+                  f"{sum((*x, 0)[2] for x in r.x)} in all", file=sys.stderr)
         for pol, coef in (("stock", native), ("radixflow", trav)):
             r = rounds[pol]
-            model_ms = statistics.fmean(coef(v, n) for v, n in r.x) * 1e3
+            model_ms = statistics.fmean(coef(*x) for x in r.x) * 1e3
             print(f"{pol}: modelled mean {model_ms:.2f} ms per round", file=sys.stderr)
-    return HostCost(native, trav, source=f"fit:kit-scan-cpu mix {model} q{questions} "
-                    f"x{repeats} median huber stock+excess>=0")
+    names = "+".join(f"{n}/{m}" for n, m in sets)
+    return HostCost(native, trav, source=f"fit:kit-scan-cpu {names} q{questions} "
+                    f"x{repeats} median huber stock+excess>=0 probe-term")
 
 
 def main(argv: list[str] | None = None) -> int:

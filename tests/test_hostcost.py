@@ -278,3 +278,29 @@ def test_the_probe_match_runs_only_when_a_ready_prefix_could_block(make_kit, sha
         assert False not in calls and "A" in k.rounds[-1].rids  # native, matched once
     else:
         assert calls.count(False) == 1 and "A" in k.runtime.parked()
+
+
+def test_the_fit_charges_probes_apart_from_plain_visits() -> None:
+    """The traversal's probe match is its own term: rounds whose visits ran no probe (the
+    cost-aware rule recomputed them unprobed) are not charged it (issue 11)."""
+    from eval.hostcost import Rounds, fit_rounds
+
+    stock = _rounds(HostCoef(1.5e-3, 1e-4, 3e-4), X)
+    xp = [(v, n, p) for v, n in X for p in (0, n, v) if p <= v]
+    true = HostCoef(1.5e-3, 1.2e-4, 3e-4, 4e-4)
+    rng = Random(2)
+    trav = Rounds(xp, [[true(*x) * (1 + rng.uniform(-0.05, 0.05)) for x in xp]
+                       for _ in range(3)])
+    native, tr = fit_rounds({"stock": stock, "radixflow": trav})
+    assert native.s3 == 0.0
+    assert tr.s3 == pytest.approx(4e-4, rel=0.15)
+    assert tr.s1 == pytest.approx(1.2e-4, rel=0.25)
+    assert tr(8, 4, 0) < tr(8, 4, 8)
+
+
+def test_a_scans_probes_are_charged(make_kit) -> None:
+    h = HostCost(HostCoef(1e-3, 0.0, 1e-4), HostCoef(1e-3, 0.0, 1e-4, 5e-4), source="test")
+    fn = h.host_fn("radixflow")
+    plain = fn(_round(2), ScanTiming(queued=5, cpu_s=0.0, visited=5))
+    probed = fn(_round(2), ScanTiming(queued=5, cpu_s=0.0, visited=5, probed=3))
+    assert probed - plain == pytest.approx(3 * 5e-4)

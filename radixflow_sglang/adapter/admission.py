@@ -124,6 +124,10 @@ class AdmissionHold:
                 r.init_next_round_input(sched.tree_cache, cow_mamba=False)
                 self.release(sched, r)
                 residual += len(r.origin_input_ids) + len(r.output_ids) - r.prefix_len
+                if residual >= budget:
+                    # NOTE: the gate only asks whether the residual fills the budget (core/
+                    # admission.py rule c), and the sum only grows: the rest need no match
+                    break
         oldest = min(self.requests[r.rid].registered for r in fresh)
         cost = self.cost() if self.cost is not None else None
         return Demand(len(fresh), oldest, busy, rows, budget, residual,

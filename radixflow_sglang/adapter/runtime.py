@@ -203,13 +203,21 @@ class RadixFlowRuntime:
             return False
         if adder.new_chunked_req is not None and self._fork_chunk is None:
             t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
-        if not req.is_dllm() and t.classify(Candidate(
-                req.rid, ns, tokens, 0, req._compute_max_prefix_len(len(tokens))), hits) is None:
-            # NOTE: not Blocked even with nothing ready (a larger ready prefix only shrinks the
-            # gain): skip the probe match, native handling matches once, as stock does
-            t.waits.release(req.rid)
-            return False
+        sibs: dict[int, int] = {}
+        if not req.is_dllm():
+            c0 = Candidate(req.rid, ns, tokens, 0, req._compute_max_prefix_len(len(tokens)))
+            if t.classify(c0, hits) is None:
+                # NOTE: not Blocked even with nothing ready (a larger ready prefix only shrinks
+                # the gain): skip the probe match, native handling matches once, as stock does
+                t.waits.release(req.rid)
+                return False
+            if self.spec.cost_aware and self._recomputes_unprobed(sched, req, adder, c0, hits,
+                                                                  sibs):
+                t.waits.release(req.rid)  # recomputing wins even at the largest gain
+                self.stats.recomputed += 1
+                return False
         # NOTE: probe the ready prefix without copy-on-write; admission re-matches natively.
+        self.stats.probed += 1
         req.init_next_round_input(sched.tree_cache, cow_mamba=False)
         cand = Candidate(req.rid, ns, tokens, req.prefix_len,
                          req._compute_max_prefix_len(len(tokens)))
@@ -219,19 +227,16 @@ class RadixFlowRuntime:
             return False
         if self.spec.cost_aware:
             self._scan = self._scan or _ScanView.of(sched)
-            sib = (self._scan.siblings(req, ns, tokens, t.group_depth(b))
+            sib = (self._siblings(req, tokens, t.group_depth(b), sibs)
                    if t.group_verdict(cand, b) is None else 0)
-            # NOTE: a round's host time adds to its latency only without overlap
-            host = 0.0 if t.cfg.lag > 1 else self.cost.host_s
-            view = replace(self._scan.view(req, adder, sib), host_s=host,
-                           arrival_rate=self.arrival_rate)
+            view = self._view(req, adder, sib)
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
             if self._trace is not None:
                 self._emit({"event": "decide", "round": self.round, "rid": req.rid,
                             "producer": b.producer, "ready": b.ready, "depth": b.depth,
                             "length": len(tokens), "fork": b.fork, "wait": verdict.wait,
                             "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
-                            "view": view.__dict__})
+                            "view": view.__dict__, "probed": True})
             if not verdict.wait:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
                 self.stats.recomputed += 1
@@ -243,6 +248,37 @@ class RadixFlowRuntime:
         self._apply_fork(b, adder)
         self.requests[req.rid].rounds_parked += 1
         return True
+
+    def _recomputes_unprobed(self, sched: Scheduler, req: Req, adder: PrefillAdder,
+                             c0: Candidate, hits: list, sibs: dict[int, int]) -> bool:
+        """The cost-aware rule recomputes `req` at every ready prefix it could have (`c0`:
+        none): no probe match (core/traversal.py `recomputes_unprobed`). `sibs`: sibling
+        counts by group depth, kept for the probe path."""
+        t = self.traversal
+        bs = t.blockings(c0, hits)
+        if not bs:
+            return False
+        self._scan = self._scan or _ScanView.of(sched)
+        ok = t.recomputes_unprobed(
+            c0, bs, lambda b: self._view(req, adder, self._siblings(
+                req, c0.tokens, t.group_depth(b), sibs)), self.cost.decision_coeffs)
+        if ok and self._trace is not None:
+            self._emit({"event": "decide", "round": self.round, "rid": req.rid,
+                        "producer": bs[0].producer, "ready": None, "depth": bs[0].depth,
+                        "length": len(c0.tokens), "fork": bs[0].fork, "wait": False,
+                        "probed": False})
+        return ok
+
+    def _siblings(self, req: Req, tokens, depth: int, memo: dict[int, int]) -> int:
+        if depth not in memo:
+            memo[depth] = self._scan.siblings(req, namespace(req), tokens, depth)
+        return memo[depth]
+
+    def _view(self, req: Req, adder: PrefillAdder, siblings: int) -> RoundView:
+        # NOTE: a round's host time adds to its latency only without overlap
+        host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
+        return replace(self._scan.view(req, adder, siblings), host_s=host,
+                       arrival_rate=self.arrival_rate)
 
     def after_add(self, sched: Scheduler, req: Req, adder: PrefillAdder, res) -> None:
         if not (adder.can_run_list and req is adder.can_run_list[-1]):

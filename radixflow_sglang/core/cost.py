@@ -352,3 +352,24 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         wait_s += wait_wins(c, cj, vw).wait_s
         recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
+
+
+def group_size(v: RoundView) -> int:
+    """Requests `group_wait_wins` decides for: the candidate and its siblings, within the rows
+    the round has left."""
+    return max(1, min(1 + v.siblings, max(v.rows_left, 1)))
+
+
+def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bool:
+    """True when `group_wait_wins` recomputes for `case` at every ready prefix >= `case.ready`
+    (the same producer, depth, length and view): its verdict at `case.ready`, the largest gain,
+    where that verdict bounds the rest (docs/design.md, "Skipping the probe").
+
+    NOTE: the wait side does not read the ready prefix; the recompute side grows with the gain
+    (extra work, displaced and chunked tokens), except where earlier siblings' recomputes
+    exhaust the budget (the j-th sibling's displaced work then shrinks as they take more):
+    False unless the group is one request or every sibling fits the budget at this gain."""
+    k = group_size(v)
+    if k > 1 and v.budget_left < k * (case.length - case.ready):
+        return False
+    return not group_wait_wins(c, case, v).wait

@@ -73,6 +73,14 @@ class Chain:
             keys.append(h)
             yield h
 
+    def key(self, limit: int) -> int:
+        """The key of the last block inside the first `limit` (>= one block) tokens."""
+        n = limit // self.block
+        if len(self.keys) < n:
+            for _ in self.walk(limit):
+                pass
+        return self.keys[n - 1]
+
     def upto(self, limit: int) -> list[int]:
         return list(self.walk(limit))
 

@@ -22,7 +22,10 @@ class RoundStats:
     held: int = 0  # iterations held before this round, plus fresh requests skipped in it
     released_by_admission: str = ""  # why held requests were released ("" = none held)
     frag_deferred: int = 0
-    recomputed: int = 0  # Blocked, but the cost-aware rule found recomputing cheaper
+    # NOTE: Blocked, but the cost-aware rule found recomputing cheaper (unprobed: at every
+    # ready prefix it could have, core/traversal.py `recomputes_unprobed`)
+    recomputed: int = 0
+    probed: int = 0  # visits that ran the probe match (the rest skipped it: eval/hostcost.py)
     t_start: float = 0.0
     t_end: float = 0.0
 

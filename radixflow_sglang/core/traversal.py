@@ -14,10 +14,17 @@ waiting adds less summed latency than recomputing its gain now (`decide`, core/c
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .cost import CostCoeffs, RoundView, Verdict, WaitCase, group_wait_wins
+from .cost import (
+    CostCoeffs,
+    RoundView,
+    Verdict,
+    WaitCase,
+    group_wait_wins,
+    recomputes_at_every_ready,
+)
 from .grid import Grid, Layout
 from .outcome import Blocking
 from .producers import Producer, ProducerIndex, TokenChains
@@ -70,6 +77,10 @@ class Traversal:
         # producer of the same depth for the next one)
         self._groups: dict[tuple, Verdict] = {}
         self._last_group: tuple | None = None  # ((rid, Blocking), key): `_group`'s last answer
+        # NOTE: sibling groups (key less the ready prefix) this scan waited for / recomputed
+        # without a probe (`recomputes_unprobed`): a later sibling follows either
+        self._group_waits: set[tuple] = set()
+        self._unprobed: set[tuple] = set()
 
     # --- round lifecycle -------------------------------------------------------------------
     def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
@@ -86,6 +97,7 @@ class Traversal:
         self._committed, self._committing = self._committing, {}
         self._groups = {}
         self._last_group = None
+        self._group_waits, self._unprobed = set(), set()
         self.stats = RoundStats(self.round)
         return self.stats
 
@@ -151,7 +163,13 @@ class Traversal:
         if self._last_group is not None and self._last_group[0] == (c.rid, b):
             return self._last_group[1]
         d = self.group_depth(b)
-        key = (c.namespace, b.ready, d, hash(tuple(c.tokens[:d])))
+        # NOTE: the prefix's hash is its cached chain's key at d (d is a whole number of blocks
+        # when it is past the ready prefix, as Blocked needs: gain >= theta >= block)
+        if d % self.index.block == 0 and d > 0:
+            h = self.index.chain(c.rid, c.namespace, c.tokens).key(d)
+        else:
+            h = hash(tuple(c.tokens[:d]))
+        key = (c.namespace, b.ready, d, h)
         self._last_group = ((c.rid, b), key)
         return key
 
@@ -178,18 +196,57 @@ class Traversal:
         lag = 1 if b.producer in self._inflight else self.cfg.lag
         key = self._group(c, b)
         v = self._groups.get(key)
+        if v is None and _unready(key) in self._unprobed:
+            v = self._groups[key] = Verdict(False, 0.0, 0.0)  # its group recomputed unprobed
         if v is None:
-            p = self.index.get(b.producer)
-            cut_rest = 0
-            if b.fork and self.cfg.grid.layout is Layout.NO_BUFFER and p is not None:
-                # the producer's extend would end at the fork: its rest waits a round
-                cut_rest = max(p.prefix + p.extend - b.depth, 0) if not p.forked else 0
-            case = WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest)
-            v = group_wait_wins(cost, case, view)
+            v = group_wait_wins(cost, self._case(c, b, lag), view)
             self._groups[key] = v
-        if v.wait and lag > 1:
-            self._committing[c.rid] = b.producer
+        if v.wait:
+            self._group_waits.add(_unready(key))
+            if lag > 1:
+                self._committing[c.rid] = b.producer
         return v
+
+    def _case(self, c: Candidate, b: Blocking, lag: int) -> WaitCase:
+        p = self.index.get(b.producer)
+        cut_rest = 0
+        if b.fork and self.cfg.grid.layout is Layout.NO_BUFFER and p is not None:
+            # the producer's extend would end at the fork: its rest waits a round
+            cut_rest = max(p.prefix + p.extend - b.depth, 0) if not p.forked else 0
+        return WaitCase(c.ready, b.depth, len(c.tokens), lag, cut_rest)
+
+    def blockings(self, c: Candidate, hits: list[tuple[Producer, int]]) -> list[Blocking]:
+        """Every Blocking `classify` could return for `c` at a ready prefix >= `c.ready`: the
+        depth a sharer publishes at does not depend on the ready prefix, only the theta check
+        does, and it is weakest at the smallest ready prefix."""
+        return [b for p, n in hits if (b := self._blocking(c, p, n)) is not None]
+
+    def recomputes_unprobed(self, c: Candidate, blockings: list[Blocking],
+                            view: Callable[[Blocking], RoundView], cost: CostCoeffs) -> bool:
+        """True when `decide` recomputes `c` whatever its ready prefix turns out to be, so the
+        probe match can be skipped (docs/design.md, "Skipping the probe"). `c.ready` is the
+        smallest ready prefix possible (0: nothing matched yet), `blockings` `blockings(c)`,
+        `view(b)` the RoundView `decide` would be given with `b`. Never with the always-wait
+        rule, a wait kept across rounds or a sibling group that already waits in this scan.
+        On True its groups are recorded: a later sibling that is probed follows them (as it
+        follows a probed sibling's verdict)."""
+        if not (self.cfg.cost_aware and blockings):
+            return False
+        groups = []
+        for b in blockings:
+            if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
+                return False
+            g = _unready(self._group(c, b))
+            if g in self._group_waits:
+                return False
+            groups.append(g)
+            if g in self._unprobed:
+                continue
+            lag = 1 if b.producer in self._inflight else self.cfg.lag
+            if not recomputes_at_every_ready(cost, self._case(c, b, lag), view(b)):
+                return False
+        self._unprobed.update(groups)
+        return True
 
     def park(self, c: Candidate, b: Blocking) -> bool:
         """Park a Blocked request; False when its bound is spent (caller goes native)."""
@@ -221,3 +278,8 @@ class Traversal:
         self._committing.pop(rid, None)
         self.index.remove(rid)
         self.chains.forget(rid)
+
+
+def _unready(key: tuple) -> tuple:
+    """A sibling group's key without the ready prefix (`Traversal._group`)."""
+    return (key[0], *key[2:])

@@ -316,6 +316,7 @@ class ScanTiming:
     # runtime counts them; for SGLang's own scan the kit counts its loop's row-limit checks
     # (`_count_visits`), so both scans' host time is modelled on the same regressor.
     visited: int | None = None
+    probed: int = 0  # NOTE: visits that ran the traversal's probe match (runtime counts them)
 
 
 @dataclass
@@ -464,11 +465,14 @@ class Kit:
         t = time.process_time()
         batch = self.next_batch()
         cpu = time.process_time() - t
+        probed = 0
         if rt is None:
             visited = self._visits - visits
         else:  # NOTE: a pass that never reached the scan loop leaves last scan's stats in place
-            visited = rt.stats.visited if rt.stats is not stats else 0
-        self.last_scan = ScanTiming(queued, cpu, visited)
+            fresh = rt.stats is not stats
+            visited = rt.stats.visited if fresh else 0
+            probed = rt.stats.probed if fresh else 0
+        self.last_scan = ScanTiming(queued, cpu, visited, probed)
         if self.on_scan is not None:
             self.on_scan(self.last_scan)
         rnd = None
