@@ -101,14 +101,18 @@ def test_a_second_question_waits_for_its_own_producer_behind_five_sharers(make_k
     """Question 2's fork (the document + its 30-token stem) lies in the block where question 1
     leaves the document: question 1's 5 branches and question 2's first all share that block
     with question 2's second. It must find its own producer and wait for its fork, not run
-    beside it recomputing the document (as stock does)."""
+    beside it recomputing the document (as stock does). Declared boundaries only: with the
+    learned document end (the default) question 2 starts from the document's state (below)."""
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+
     q1, q2 = toks(7000, 10), toks(8000, 30)
     assert (len(DOC) + 10) // 64 == (len(DOC) + 30) // 64  # one block (index block 64)
     ks = make_kit(model, "no_buffer", "stock")
     two_questions(ks, 5, q1, q2)
     ks.drain()
     stock = ks.rounds
-    k = make_kit(model, "no_buffer", policy)
+    cfg = RadixFlowConfig(policy=policy, boundaries="declared")
+    k = make_kit(model, "no_buffer", policy, radixflow_config=cfg)
     lengths = two_questions(k, 5, q1, q2)
     k.drain()
     trav = k.rounds
@@ -117,9 +121,17 @@ def test_a_second_question_waits_for_its_own_producer_behind_five_sharers(make_k
     assert [got[f"a{b}"] for b in range(1, 5)] == [fork1] * 4
     assert got["b1"] == fork2  # waited for b0's fork
     # every prompt once; question 2 computes the document again (no state inside it)
-    assert tokens(trav) == sum(lengths.values()) - 4 * fork1 - fork2
-    assert tokens(trav) < tokens(stock)
+    declared = tokens(trav)
+    assert declared == sum(lengths.values()) - 4 * fork1 - fork2
+    assert declared < tokens(stock)
     assert k.leaks() == NO_LEAK and ks.leaks() == NO_LEAK
+    # the default learns the document end from question 1's split: question 2's first is cut
+    # there (a state later questions on the document reuse) and its second waits for it
+    kd = make_kit(model, "no_buffer", policy)
+    two_questions(kd, 5, q1, q2)
+    kd.drain()
+    assert first_prefix(kd.rounds)["b1"] == len(DOC)
+    assert tokens(kd.rounds) < tokens(stock) and kd.leaks() == NO_LEAK
 
 
 def prod(rid: str, ids: list[int]) -> Producer:
