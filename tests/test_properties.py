@@ -140,8 +140,10 @@ def build(model: str, layout: str, policy: str, plan: Plan,
     clock = VirtualClock()
     cfg = None
     if policy != "stock":
+        # NOTE: radix must equal stock: no learned boundary (a RadixFlow publication) there
         cfg = RadixFlowConfig(policy=policy, theta=plan.theta, park_margin=plan.park_margin,
-                              admission_ms=plan.admission_ms)
+                              admission_ms=plan.admission_ms,
+                              boundaries="declared" if policy == "radix" else "both")
     kit = Kit(KitConfig(model=model, layout=kit_layout, rows=plan.rows, tokens=plan.tokens,
                         kv_tokens=kv, mamba_slots=slots, overlap=plan.overlap,
                         page_size=page),

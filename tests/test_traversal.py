@@ -38,6 +38,12 @@ def toks(start: int, n: int) -> list[int]:
 
 
 def kit(make_kit, model, layout, policy, **cfg):
+    if policy == "radix":
+        # NOTE: radix is the stock-equivalence check of the copied scan: no learned boundary
+        # (a RadixFlow publication) may run there
+        from radixflow_sglang.adapter.runtime import RadixFlowConfig
+
+        cfg.setdefault("radixflow_config", RadixFlowConfig(policy="radix", boundaries="declared"))
     k = make_kit(model, "extra_buffer" if layout == "full" else layout, policy, **cfg)
     if k.runtime is not None:
         assert k.runtime.grid.layout.value == layout
