@@ -373,3 +373,19 @@ def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bo
     if k > 1 and v.budget_left < k * (case.length - case.ready):
         return False
     return not group_wait_wins(c, case, v).wait
+
+
+def cut_pays(c: CostCoeffs, gain: int, rest: int, behind: int, users: float) -> bool:
+    """no_buffer: whether cutting a request's extend at a *learned* boundary pays
+    (docs/design.md, "The wait decision", "A cut that must pay"). The cut ends the extend at
+    the boundary, `gain` tokens past its ready prefix, and runs its `rest` next round: the
+    request (and the question it belongs to) finishes one round later, at least c(1, rest)
+    (the rest's tokens only move, they are not added). Not cutting, the first of its `users`
+    recomputes the gain (the others wait for that one), work that delays it and the `behind`
+    requests: the benefit side of boundary.py `defer_wins`. A declared boundary is not asked
+    (the client says the prefix is shared); a learned one is a guess, and on a model whose
+    tokens are cheap under a large fixed cost per round its cut cost a question a round for a
+    recompute of a millisecond (qwen3.5-0.8b race, alpha 200 ms, no_buffer: 1.16x stock)."""
+    if users <= 0 or gain <= 0:
+        return False
+    return min(users, 1.0) * c.beta * gain * (1 + behind) > c(1, rest)
