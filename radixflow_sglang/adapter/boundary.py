@@ -40,7 +40,7 @@ from radixflow_sglang.core.boundary import (
     publish_at,
     wants,
 )
-from radixflow_sglang.core.cost import CostCoeffs, cut_pays
+from radixflow_sglang.core.cost import CostCoeffs, cut_pays, measured
 from radixflow_sglang.core.grid import Grid, Layout
 
 from . import check_sglang_version
@@ -392,12 +392,13 @@ class BoundaryPublisher:
     def _cut_pays(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> bool:
         """no_buffer, a learned boundary: the cut's state saves more than the round the cut
         adds to `req` (core/cost.py `cut_pays`; behind it: the unselected queue)."""
-        if self.cost is None:
-            return True
+        c = self.cost() if self.cost is not None else None
+        if c is None or not measured(c):
+            return True  # NOTE: the prior's alpha is an assumption: gate on measured rounds
         picked = sum(1 for r in adder.can_run_list if r.rid in self._queue_rids)
         behind = max(len(self._queue) - picked - 1, 0)
         users = self._users(req, tokens, ns, depth, key, adder)
-        return cut_pays(self.cost(), depth - req.prefix_len, len(tokens) - depth, behind, users)
+        return cut_pays(c, depth - req.prefix_len, len(tokens) - depth, behind, users)
 
     def _keep(self, req: Req, depth: int) -> bool:
         """Whether to cut at `depth` so the displaced end state is published too."""

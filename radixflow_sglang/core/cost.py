@@ -389,3 +389,9 @@ def cut_pays(c: CostCoeffs, gain: int, rest: int, behind: int, users: float) -> 
     if users <= 0 or gain <= 0:
         return False
     return min(users, 1.0) * c.beta * gain * (1 + behind) > c(1, rest)
+
+
+def measured(c: CostCoeffs) -> bool:
+    """Coefficients fitted to at least one measured forward (`RoundCostEstimator.coeffs`), not
+    the prior alone (whose alpha is an assumption, ALPHA_S)."""
+    return c.source.startswith("fit:")
