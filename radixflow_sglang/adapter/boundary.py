@@ -395,10 +395,19 @@ class BoundaryPublisher:
         c = self.cost() if self.cost is not None else None
         if c is None or not measured(c):
             return True  # NOTE: the prior's alpha is an assumption: gate on measured rounds
-        picked = sum(1 for r in adder.can_run_list if r.rid in self._queue_rids)
-        behind = max(len(self._queue) - picked - 1, 0)
+        from .runtime import req_tokens
+
+        picked = {r.rid for r in adder.can_run_list}
+        rest = [r for r in self._queue if r.rid not in picked and r is not req]
+        left = adder.rem_input_tokens
+        if adder.rem_chunk_tokens is not None:
+            left = min(left, adder.rem_chunk_tokens)
+        # NOTE: queued input lengths: an upper bound of the demand, as the wait rule's
+        backlog = sum(len(req_tokens(r)) for r in rest) > left
+        budget = int(left + adder.log_input_tokens) if backlog else 0
         users = self._users(req, tokens, ns, depth, key, adder)
-        return cut_pays(c, depth - req.prefix_len, len(tokens) - depth, behind, users)
+        return cut_pays(c, depth - req.prefix_len, len(tokens) - depth, len(rest), users,
+                        budget)
 
     def _keep(self, req: Req, depth: int) -> bool:
         """Whether to cut at `depth` so the displaced end state is published too."""
