@@ -736,3 +736,63 @@ def test_a_measured_level_moves_the_assumed_alpha_not_the_derived_terms():
     v = view(rows=1, behind=3, budget_left=7838, demand_after=709, siblings=2, mean_extend=355,
              host_s=0.0038)
     assert not group_wait_wins(c, case, v).wait
+
+
+# --- a learned boundary's no_buffer cut must pay for its round (cost.cut_pays) ----------------
+
+
+def test_a_learned_cut_pays_only_when_the_saved_recompute_outweighs_its_round():
+    from radixflow_sglang.core.cost import cut_pays
+
+    # traced (qwen3.5-0.8b race, rate 10, alpha 200 ms, no_buffer): a 327-token document end,
+    # 7 requests behind, one expected user: ~0.9 ms of tokens against a ~200 ms round
+    slow_round = CostCoeffs(0.2, QWEN_08B.beta, QWEN_08B.gamma)
+    assert not cut_pays(slow_round, gain=327, rest=28, behind=7, users=1.0)
+    # the same state at the prior's 8 ms round on the 4B's tokens: a 6,208-token document end
+    assert cut_pays(QWEN_4B, gain=6208, rest=80, behind=3, users=1.0)
+    # a marker inside a sibling's own tail (qwen3.5-27b race: 18 tokens, an 8-token rest)
+    big = CostCoeffs(0.2, 1.2e-4, 1e-3)
+    assert not cut_pays(big, gain=18, rest=8, behind=7, users=1.0)
+    assert not cut_pays(QWEN_4B, gain=6208, rest=80, behind=3, users=0.0)  # nobody to serve
+    # monotone: more behind, more users, a longer gain only make it pay more
+    assert cut_pays(big, gain=327, rest=28, behind=7, users=1.0)
+    assert not cut_pays(big, gain=327, rest=28, behind=0, users=1.0)
+    # under a backlog rounds run full: a recomputed token also carries alpha / T of a round
+    # (traced: qwen3.5-0.8b quality rate 10, alpha 100 ms, a ~2,950-token document end)
+    doc = CostCoeffs(0.1, QWEN_08B.beta, QWEN_08B.gamma)
+    assert not cut_pays(doc, gain=2950, rest=20, behind=5, users=1.0)
+    assert cut_pays(doc, gain=2950, rest=20, behind=5, users=1.0, backlog_budget=8192)
+    assert not cut_pays(slow_round, gain=327, rest=28, behind=7, users=1.0, backlog_budget=8192)
+
+
+def test_measured_reads_the_estimator_source():
+    from radixflow_sglang.core.cost import measured
+
+    est = RoundCostEstimator(QWEN_4B)
+    assert not measured(est.coeffs)
+    est.observe(4, 1400, 0.05)
+    assert measured(est.coeffs)
+
+
+@pytest.mark.parametrize("alpha_s, beta, cuts", [(0.2, QWEN_08B.beta, False),
+                                                  (8e-3, QWEN_4B.beta, True)])
+def test_kit_no_buffer_learned_cut_follows_the_measured_round(alpha_s, beta, cuts):
+    """SGLang's real scan (kit), no_buffer, learned document ends: with a measured fit whose
+    round is dear against the document's tokens (0.8B tokens, 200 ms rounds) the marker cut is
+    not made (its question would finish a round later to save ~1 ms of recompute); with the
+    4B's tokens at 8 ms it is (the document end then serves the second question). Fails
+    without the gate: both arms cut."""
+    from tests.test_boundary import doc_questions, make
+
+    kit = make("radixflow", "learned", "no_buffer")
+    est = kit.runtime.cost
+    for rows, tokens in ((1, 16), (4, 1400), (8, 2700), (2, 300), (6, 900), (3, 2000)):
+        est.observe(rows, tokens, alpha_s + beta * tokens + QWEN_08B.gamma * rows)
+    kit.runtime.boundary.cost = lambda: CostCoeffs(  # NOTE: these tokens, this round
+        est.coeffs.alpha, beta, QWEN_08B.gamma, 0.0, est.coeffs.source)
+    doc_questions(kit, 4, 2)
+    b = kit.runtime.boundary
+    assert (b.moved["marker"] > 0) is cuts
+    if not cuts:
+        assert b.unpaid > 0
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}

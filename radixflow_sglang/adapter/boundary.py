@@ -40,7 +40,7 @@ from radixflow_sglang.core.boundary import (
     publish_at,
     wants,
 )
-from radixflow_sglang.core.cost import CostCoeffs
+from radixflow_sglang.core.cost import CostCoeffs, cut_pays, measured
 from radixflow_sglang.core.grid import Grid, Layout
 
 from . import check_sglang_version
@@ -114,6 +114,7 @@ class BoundaryPublisher:
         self.moved = {"declared": 0, "learned": 0, "marker": 0}
         self.deferred = 0  # rounds requests were deferred for the chunk slot (no_buffer)
         self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
+        self.unpaid = 0  # no_buffer learned cuts not made: the round costs more than they save
         self.cut: Req | None = None  # the request cut at its boundary this scan
         self._queue: list = []  # this scan's waiting queue (rank-identical)
         self._queue_rids: set[str] = set()
@@ -160,7 +161,8 @@ class BoundaryPublisher:
             self._marker_hit(req, tokens, ns, prefix)
         self._selected.add(req.rid)
         depth, source = self._target(req, ns, prefix, end - prefix, native_branch)
-        if depth is not None and self._publish(req, tokens, ns, depth, adder, cut_ok):
+        if depth is not None and self._publish(req, tokens, ns, depth, adder, cut_ok,
+                                               learned=source != "declared"):
             self.moved[source] += 1
             key = self._key_of(req, tokens, ns, depth)
             if source == "marker":
@@ -364,7 +366,7 @@ class BoundaryPublisher:
             self.grid.branch_ok(prefix, extend, branching)
 
     def _publish(self, req: Req, tokens, ns, depth: int, adder: PrefillAdder,
-                 cut_ok: bool) -> bool:
+                 cut_ok: bool, learned: bool = False) -> bool:
         can_cut = cut_ok and adder.new_chunked_req in (None, req)
         if self.grid.layout is Layout.EXTRA_BUFFER:
             if not (can_cut and self._keep(req, depth)):
@@ -380,9 +382,32 @@ class BoundaryPublisher:
                 # to a queued group whose first can be cut and the rest wait for it
                 self.skipped += 1
                 return False
+            if learned and not self._cut_pays(req, tokens, ns, depth, key, adder):
+                self.unpaid += 1  # NOTE: a guessed boundary's cut must pay for its round
+                return False
         cut_chunk(req, depth, adder)
         self.cut = req
         return True
+
+    def _cut_pays(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> bool:
+        """no_buffer, a learned boundary: the cut's state saves more than the round the cut
+        adds to `req` (core/cost.py `cut_pays`; behind it: the unselected queue)."""
+        c = self.cost() if self.cost is not None else None
+        if c is None or not measured(c):
+            return True  # NOTE: the prior's alpha is an assumption: gate on measured rounds
+        from .runtime import req_tokens
+
+        picked = {r.rid for r in adder.can_run_list}
+        rest = [r for r in self._queue if r.rid not in picked and r is not req]
+        left = adder.rem_input_tokens
+        if adder.rem_chunk_tokens is not None:
+            left = min(left, adder.rem_chunk_tokens)
+        # NOTE: queued input lengths: an upper bound of the demand, as the wait rule's
+        backlog = sum(len(req_tokens(r)) for r in rest) > left
+        budget = int(left + adder.log_input_tokens) if backlog else 0
+        users = self._users(req, tokens, ns, depth, key, adder)
+        return cut_pays(c, depth - req.prefix_len, len(tokens) - depth, len(rest), users,
+                        budget)
 
     def _keep(self, req: Req, depth: int) -> bool:
         """Whether to cut at `depth` so the displaced end state is published too."""
@@ -400,7 +425,8 @@ class BoundaryPublisher:
         return {"mode": self.mode, "moved_declared": self.moved["declared"],
                 "moved_learned": self.moved["learned"], "moved_marker": self.moved["marker"],
                 "deferred": self.deferred,
-                "cuts_skipped": self.skipped, "reused_share": round(self.usage.rate, 3)}
+                "cuts_skipped": self.skipped, "cuts_unpaid": self.unpaid,
+                "reused_share": round(self.usage.rate, 3)}
 
 
 def _key(ns, tokens, depth: int) -> tuple:

@@ -373,3 +373,32 @@ def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bo
     if k > 1 and v.budget_left < k * (case.length - case.ready):
         return False
     return not group_wait_wins(c, case, v).wait
+
+
+def cut_pays(c: CostCoeffs, gain: int, rest: int, behind: int, users: float,
+             backlog_budget: int = 0) -> bool:
+    """no_buffer: whether cutting a request's extend at a *learned* boundary pays
+    (docs/design.md, "The wait decision", "A cut that must pay"). The cut ends the extend at
+    the boundary, `gain` tokens past its ready prefix, and runs its `rest` next round: the
+    request (and the question it belongs to) finishes one round later, at least c(1, rest)
+    (the rest's tokens only move, they are not added). Not cutting, the first of its `users`
+    recomputes the gain (the others wait for that one), work that delays it and the `behind`
+    requests: the benefit side of boundary.py `defer_wins`. A declared boundary is not asked
+    (the client says the prefix is shared); a learned one is a guess, and on a model whose
+    tokens are cheap under a large fixed cost per round its cut cost a question a round for a
+    recompute of a millisecond (qwen3.5-0.8b race, alpha 200 ms, no_buffer: 1.16x stock).
+    `backlog_budget`: the round's token budget T when queued work exceeds what the round has
+    left (0: no backlog). Under a backlog a recomputed token displaces a token of queued work,
+    and rounds run full: each token then also carries alpha / T of a round's fixed cost
+    (qwen3.5-0.8b quality no_buffer, ~2,950-token documents at rate 10: without it the cut was
+    declined and the later questions' recomputes cost 1.24x stock at alpha 100 ms)."""
+    if users <= 0 or gain <= 0:
+        return False
+    per_token = c.beta + (c.alpha / backlog_budget if backlog_budget > 0 else 0.0)
+    return min(users, 1.0) * per_token * gain * (1 + behind) > c(1, rest)
+
+
+def measured(c: CostCoeffs) -> bool:
+    """Coefficients fitted to at least one measured forward (`RoundCostEstimator.coeffs`), not
+    the prior alone (whose alpha is an assumption, ALPHA_S)."""
+    return c.source.startswith("fit:")
