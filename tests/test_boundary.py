@@ -282,6 +282,29 @@ def test_learned_boundary_after_the_first_group(layout):
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("policy", ["traversal-always", "radixflow"])
+def test_a_learned_depth_does_not_take_the_state_queued_siblings_share_deeper(layout, policy):
+    """Seen on the embedded server: depths learned from short system prompts (3 G) were applied
+    to the first of three queued branches of a long document, whose one state then went to
+    3 G; the siblings found only that and recomputed the document. The fork they share is known
+    demand: the learned guess must yield to it."""
+    G = grid_of()
+    kit = make(policy, "learned", layout)
+    gsp_paced(kit, 2, 3, 3 * G + 10, G + 3, declare=False)
+    assert kit.runtime.boundary.moved["learned"] >= 1  # it did learn 3 G
+    rng = random.Random(7)
+    doc = [rng.randrange(100, 200_000) for _ in range(12 * G + 5)]
+    rids = [f"s{i}" for i in range(3)]
+    kit.submit(*[kit.req(r, doc + [rng.randrange(100, 200_000) for _ in range(40)])
+                 for r in rids])
+    rounds = kit.drain()
+    first = {r: next(x.prefix[r] for x in rounds if r in x.prefix) for r in rids}
+    assert first["s0"] == 0
+    assert min(first["s1"], first["s2"]) >= 12 * G  # the fork, not the learned 3 G
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
 def test_both_uses_a_declaration_when_there_is_one_else_what_it_learned():
     G = grid_of()
     system = 3 * G + 10

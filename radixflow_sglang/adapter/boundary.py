@@ -192,9 +192,25 @@ class BoundaryPublisher:
             if d is not None:
                 return d, "marker"
             guess = self.learner.predict(ns, prefix, native)
-            if guess is not None:
-                return publish_at(self.grid, guess, prefix, extend), "learned"
+            d = None if guess is None else publish_at(self.grid, guess, prefix, extend)
+            if d is not None and not self._queued_past(req, ns, d):
+                return d, "learned"
         return None, None
+
+    def _queued_past(self, req: Req, ns, depth: int) -> bool:
+        """An unselected queued request shares `req`'s tokens past `depth`: its fork, deeper,
+        is known demand the traversal publishes for; a depth learned from other paths is a
+        guess and must not take the one state from it (a 2,000-token document's siblings
+        found only the 1,152 learned from shorter documents and recomputed the rest)."""
+        from .runtime import req_tokens
+
+        tokens = req_tokens(req)
+        d = depth + self.grid.size
+        if d >= len(tokens):
+            return False
+        key = self._key_of(req, tokens, ns, d)
+        n = self._groups_at(d).get(key, 0) - (1 if req.rid in self._queue_rids else 0)
+        return n > 0
 
     # --- learned document ends (core/boundary.py MarkerLearner) ---------------------------------
     def _observe_fork(self, req: Req, tokens, tree, prefix: int, branching: int | None) -> None:
