@@ -194,7 +194,8 @@ def test_run_arms_end_to_end(tmp_path):
     cmd = [sys.executable, "-m", "eval.run_arms", "--policies", "stock,radixflow", "--fork-arm",
            "--workload", "synthetic", "--questions", "4", "--rate", "20", "--out", str(out),
            "--no-progress"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    # NOTE: a hang bound: four servers start one after another on a busy 2-core machine
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-6000:]
     summary = json.loads((out / "summary.json").read_text())
     arms = summary["arms"]
