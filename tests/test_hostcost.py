@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from eval.hostcost import DEFAULT_HOST, HostCoef, HostCost
-from radixflow_sglang.testing.kit import Round, ScanTiming
+from radixflow_sglang.testing.kit import Round, ScanTiming, record_matches
 
 HOST = HostCost(HostCoef(1e-3, 1e-6, 1e-4), HostCoef(2e-3, 1e-3, 1e-4), source="test")
 
@@ -249,18 +249,6 @@ def test_the_traversal_is_never_fitted_cheaper_than_stock() -> None:
     assert min(native.s0, native.s1, native.s2) >= 0
 
 
-def _probes(req) -> list:
-    """Record the request's matches: cow_mamba=False is the traversal's probe."""
-    real, calls = req.init_next_round_input, []
-
-    def counting(*a, **k):
-        calls.append(k.get("cow_mamba"))
-        return real(*a, **k)
-
-    req.init_next_round_input = counting
-    return calls
-
-
 @pytest.mark.parametrize("shared", [100, 2000])
 def test_the_probe_match_runs_only_when_a_ready_prefix_could_block(make_kit, shared) -> None:
     """A request sharing a block with an in-flight producer, but less than the depth that
@@ -271,7 +259,7 @@ def test_the_probe_match_runs_only_when_a_ready_prefix_could_block(make_kit, sha
     k.submit(k.req("P", doc + [1] * 40))
     k.step()  # P in flight: a producer publishing at its end
     a = k.req("A", doc[:shared] + list(range(50_000, 50_040)))
-    calls = _probes(a)
+    calls = record_matches(a)
     k.submit(a)
     k.step()
     if shared == 100:

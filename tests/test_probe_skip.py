@@ -25,6 +25,7 @@ from radixflow_sglang.core.cost import (
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.producers import Producer
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
+from radixflow_sglang.testing.kit import record_matches
 
 THETA = 64
 
@@ -135,18 +136,6 @@ def test_the_always_rule_never_skips() -> None:
 # --- on SGLang's real scan (the kit) ---------------------------------------------------------
 
 
-def _probes(req) -> list:
-    """Record the request's matches: cow_mamba=False is the traversal's probe."""
-    real, calls = req.init_next_round_input, []
-
-    def counting(*a, **k):
-        calls.append(k.get("cow_mamba"))
-        return real(*a, **k)
-
-    req.init_next_round_input = counting
-    return calls
-
-
 def _run(make_kit, policy: str, skip: bool, monkeypatch, overlap: bool = False):
     with monkeypatch.context() as m:
         if not skip:
@@ -156,7 +145,7 @@ def _run(make_kit, policy: str, skip: bool, monkeypatch, overlap: bool = False):
         doc = list(range(1000, 1400))
         reqs = [k.req(f"b{i}", doc + list(range(90_000 + 40 * i, 90_000 + 40 * i + 30)))
                 for i in range(4)]
-        calls = [_probes(r) for r in reqs]
+        calls = [record_matches(r) for r in reqs]
         k.submit(*reqs)
         rounds = k.drain()
     probes = sum(c.count(False) for c in calls)
@@ -201,7 +190,7 @@ def test_the_admission_hold_matches_only_until_the_demand_fills_the_budget(make_
     the token budget: it stops at the request that fills it, with the same release."""
     k = make_kit("qwen3.5-4b", "extra_buffer", "flex", tokens=2048)
     reqs = [k.req(f"r{i}", list(range(10_000 * i + 1, 10_000 * i + 601))) for i in range(10)]
-    calls = [_probes(r) for r in reqs]
+    calls = [record_matches(r) for r in reqs]
     k.submit(*reqs)
     rnd = k.step()
     assert rnd is not None and rnd.rids[:3] == ["r0", "r1", "r2"]  # released by tokens

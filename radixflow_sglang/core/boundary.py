@@ -303,8 +303,8 @@ class MarkerLearner:
             return None
         ctx = tuple(tokens[max(0, hit - self.span):hit])
         best = max(self.markers, key=lambda m: common_suffix(m.tokens, ctx), default=None)
-        if best is not None and common_suffix(best.tokens, ctx) >= self.min_len:
-            n = common_suffix(best.tokens, ctx)
+        n = 0 if best is None else common_suffix(best.tokens, ctx)
+        if n >= self.min_len:
             if n < len(best.tokens):
                 best.tokens, best._needle = best.tokens[-n:], b""
             best.support += 1

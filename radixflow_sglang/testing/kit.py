@@ -306,6 +306,19 @@ class DecodeRound:
         return sum(self.cached.values())
 
 
+def record_matches(req) -> list:
+    """Record a Req's prefix matches (`init_next_round_input` calls): their `cow_mamba`
+    argument, False for the traversal's probe, True/None for the native match."""
+    real, calls = req.init_next_round_input, []
+
+    def counting(*a, **k):
+        calls.append(k.get("cow_mamba"))
+        return real(*a, **k)
+
+    req.init_next_round_input = counting
+    return calls
+
+
 @dataclass(frozen=True)
 class ScanTiming:
     """One scan as `Kit.step` ran it: the queue it saw and the process CPU time it took."""
