@@ -196,7 +196,8 @@ def run_router(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             port = free_port()
             srv = Server(server_cmd(port, out / f"trace-{i}.jsonl", args.server_arg),
                          server_env(), out / f"replica-{i}.log", port, cwd=ROOT)
-            servers.append(srv.__enter__())
+            servers.append(srv)  # NOTE: before it starts: a SIGTERM in between stops it too
+            srv.__enter__()
             names.append(srv.base)
         for srv in servers:  # NOTE: started together, waited in turn
             srv.wait_ready(args.start_timeout)
@@ -267,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eval.run_arms import sigterm_exits
+
+    sigterm_exits()  # NOTE: a killed run (`timeout`) stops its servers and router, no orphans
     args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     res = run_dp(args, args.out) if args.mode == "dp" else run_router(args, args.out)

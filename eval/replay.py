@@ -19,9 +19,11 @@ first request; nsample: --nsample-mode burst|warm --prompts --n --prompt-len --o
 file order (the old default) and any other seed a seeded sample of whole documents.
 
 Each policy is one arm: a fresh kit (SGLang's real scheduler on CPU) replays every segment in
-virtual time (eval/twin.py). An arm whose kit cannot be built, or whose replay breaks an
-invariant, is recorded as failed with its error and no numbers. Exit status: 0 when every arm
-replayed cleanly, 1 otherwise, 2 for bad arguments.
+virtual time (eval/twin.py). `--trace DIR` writes each non-stock arm's RadixFlow trace to
+DIR/POLICY.jsonl (a server's --radixflow-trace events: round, selected, decide, forward), so a
+cell can be diagnosed without editing code. An arm whose kit cannot be built, or whose replay
+breaks an invariant, is recorded as failed with its error and no numbers. Exit status: 0 when
+every arm replayed cleanly, 1 otherwise, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -105,8 +107,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None,
                    help="RACE/QuALITY data directory (default: $RADIXFLOW_DATA_DIR or "
                         "shared/data)")
+    p.add_argument("--trace", metavar="DIR", default=None,
+                   help="write each arm's RadixFlow trace to DIR/POLICY.jsonl (round, selected, "
+                        "decide and forward events, as a server's --radixflow-trace; none for "
+                        "stock, which runs SGLang's unmodified scheduler)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def trace_config(trace_dir: str | None, policy: str):
+    """The arm's RadixFlowConfig with its trace file (a fresh one per run), or None: no
+    --trace, or stock (no trace to write)."""
+    if trace_dir is None or policy == "stock":
+        return None
+    from radixflow_sglang.config import RadixFlowConfig
+
+    path = Path(trace_dir) / f"{policy}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # NOTE: the runtime appends
+    return RadixFlowConfig(policy=policy, trace=str(path))
 
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:
@@ -168,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": args.workload, "model": args.model, "policies": args.policies,
         "regime": args.regime, "order": args.order, "rate": args.rate,
         "questions": args.questions, "seed": args.seed, "layout": args.layout,
-        "overlap": args.overlap, "data_dir": args.data_dir,
+        "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
     }
     if args.workload in TRAFFIC_WORKLOADS:
         from eval.traffic import describe
@@ -199,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     arms = {}
     for policy in args.policies:
         res = run_arm(segments, args.model, policy, layout=args.layout, overlap=args.overlap,
-                      seed=args.seed, progress=progress, cost=cost, host=host)
+                      seed=args.seed, progress=progress, cost=cost, host=host,
+                      radixflow_config=trace_config(args.trace, policy))
         arms[policy] = res
         if res.ok:
             m = res.metrics

@@ -30,7 +30,9 @@ tree evicted, that no KV, row or mamba slot leaked.
 DIR/soak.json holds, per policy: requests, completed, aborted, leaked_kv_slots,
 leaked_mamba_slots, stale_cow_sources, longest_wait_rounds, the scan's process CPU time per
 round in the first and last decile of the run (the scan's cost must not grow), and more.
-Exit status: 0 when every policy ran clean, 1 when any invariant broke, 2 for bad arguments.
+Exit status: 0 when every policy ran clean, 1 when any invariant broke, 2 for bad arguments;
+a SIGTERM (e.g. `timeout`) stops the run after writing soak.json with the policies that finished
+and an "interrupted" note (exit 143).
 """
 
 from __future__ import annotations
@@ -305,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eval.run_arms import sigterm_exits
+
+    sigterm_exits()  # NOTE: a killed soak (`timeout`) still writes the policies it finished
     args = build_parser().parse_args(argv)
     if args.overlap and args.layout == "no_buffer" and args.model != "qwen3-8b":
         print("eval/soak.py: error: --overlap needs --layout extra_buffer (SGLang turns overlap "
@@ -320,8 +325,36 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     arrivals = soak_workload(args.requests, cfg.rate, cfg.seed, cfg.abort_frac)
-    show = not args.no_progress
     results: dict[str, Any] = {}
+    try:
+        run_all(args, cfg, arrivals, results)
+        stopped = None
+    except SystemExit as e:  # NOTE: SIGTERM (sigterm_exits); Ctrl-C stays a traceback
+        stopped = e.code if isinstance(e.code, int) else 1
+    from radixflow_sglang.geometry import load_geometry
+
+    slots = cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows, cfg.overlap)
+    doc = {
+        "config": {**cfg.__dict__, "requests": args.requests, "policies": args.policies,
+                   "mamba_slots": slots if load_geometry(cfg.model).hybrid else None},
+        "policies": results,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    if stopped is not None:
+        doc["interrupted"] = f"stopped by a signal (exit {stopped}) before " + ", ".join(
+            p for p in args.policies if p not in results)
+    (out / "soak.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out / 'soak.json'} ({doc['wall_s']:.1f}s wall)", file=sys.stderr)
+    if stopped is not None:
+        return stopped
+    bad = [p for p, r in results.items() if "error" in r or r["violations"]]
+    return 1 if bad else 0
+
+
+def run_all(args: argparse.Namespace, cfg: SoakConfig, arrivals: list[Arrival],
+            results: dict[str, Any]) -> None:
+    """Every policy in turn; `results` fills as each one finishes."""
+    show = not args.no_progress
     for policy in args.policies:
         bar = None
         if show:
@@ -346,19 +379,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"scan ms {res['scan_cpu_ms_per_round_first_decile']:.3f}->"
                   f"{res['scan_cpu_ms_per_round_last_decile']:.3f} "
                   f"violations={res['violations']} ({res['wall_s']:.1f}s)", file=sys.stderr)
-    from radixflow_sglang.geometry import load_geometry
-
-    slots = cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows, cfg.overlap)
-    doc = {
-        "config": {**cfg.__dict__, "requests": args.requests, "policies": args.policies,
-                   "mamba_slots": slots if load_geometry(cfg.model).hybrid else None},
-        "policies": results,
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }
-    (out / "soak.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out / 'soak.json'} ({doc['wall_s']:.1f}s wall)", file=sys.stderr)
-    bad = [p for p, r in results.items() if "error" in r or r["violations"]]
-    return 1 if bad else 0
 
 
 if __name__ == "__main__":

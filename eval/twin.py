@@ -733,7 +733,8 @@ def probe_segments(seed: int = 0, tokens: int = 8192) -> list[Segment]:
 
 def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str = "extra_buffer",
             overlap: bool = False, cost: CostModel | None = None, seed: int = 0,
-            progress: bool = False, host: Any = None) -> ArmResult:
+            progress: bool = False, host: Any = None,
+            radixflow_config: Any = None) -> ArmResult:
     """`replay`, where a failure is a failed arm: it carries its error and no numbers.
 
     `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
@@ -745,7 +746,8 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
         cost = cost or default_cost(model)
         fn = host.host_fn(policy) if host is not None else None
         res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
-                     seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host))
+                     seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host),
+                     radixflow_config=radixflow_config)
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)

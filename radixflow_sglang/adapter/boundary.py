@@ -111,7 +111,7 @@ class BoundaryPublisher:
         self._selected: set[str] = set()  # rids selected this scan
         self.keep_end = keep_end
         self.cost = cost
-        self.moved = {"declared": 0, "learned": 0, "marker": 0}
+        self.moved = {"declared": 0, "learned": 0, "marker": 0, "repeat": 0}
         self.deferred = 0  # rounds requests were deferred for the chunk slot (no_buffer)
         self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
         self.unpaid = 0  # no_buffer learned cuts not made: the round costs more than they save
@@ -153,7 +153,8 @@ class BoundaryPublisher:
         native_branch = self._native_branch(prefix, end - prefix, branching)
         if self.learner is not None:
             key = _key(ns, tokens, prefix) if prefix > 0 else None
-            self.learner.observe(ns, prefix, key, branching)
+            self.learner.observe(ns, prefix, key, branching,
+                                 self._is_repeat(tokens, ns, prefix, key))
             self._observe_fork(req, tokens, tree, prefix, branching)
         if prefix > 0 and self.usage.watching(prefix):
             self.usage.hit(_key(ns, tokens, prefix))
@@ -175,8 +176,18 @@ class BoundaryPublisher:
         else:
             depth = None
         if self.learner is not None:
-            self._record(req, tokens, ns, depth, native_branch)
+            self._record(req, tokens, ns, depth, native_branch, source)
         return depth
+
+    def _is_repeat(self, tokens, ns, prefix: int, key: tuple | None) -> bool:
+        """Was this request's whole matchable prompt (length - 1) cached already? Its ready
+        prefix reaches it, it resumes from a state placed for repeats, or an earlier request
+        of the same tokens published its state at this exact length (which no identical copy
+        can match: the live nsample burst's first copy, alone in its round)."""
+        n = len(tokens)
+        if key is not None and (prefix >= n - 1 or self.learner.kind(key) == "repeat"):
+            return True
+        return self.learner.publishes_at(n) and self.learner.kind(_key(ns, tokens, n)) is not None
 
     def _target(self, req: Req, ns, prefix: int, extend: int,
                 native_branch: bool) -> tuple[int | None, str | None]:
@@ -191,6 +202,9 @@ class BoundaryPublisher:
             d = self._marker_target(req, ns, prefix, extend, native)
             if d is not None:
                 return d, "marker"
+            d = self._repeat_target(req, ns, prefix, extend, native)
+            if d is not None:
+                return d, "repeat"
             guess = self.learner.predict(ns, prefix, native)
             d = None if guess is None else publish_at(self.grid, guess, prefix, extend)
             if d is not None and not self._queued_past(req, ns, d):
@@ -211,6 +225,22 @@ class BoundaryPublisher:
         key = self._key_of(req, tokens, ns, d)
         n = self._groups_at(d).get(key, 0) - (1 if req.rid in self._queue_rids else 0)
         return n > 0
+
+    def _repeat_target(self, req: Req, ns, prefix: int, extend: int,
+                       native: int | None) -> int | None:
+        """Identical copies of this prompt are expected (the namespace repeats prompts): the
+        deepest depth they can match, length - 1 (its grid floor), instead of the prompt's end
+        (core/boundary.py `BoundaryLearner.repeat_wins`). no_buffer cuts there (the rest, one
+        token, publishes the end next round); extra_buffer moves its one tracked state."""
+        from .runtime import req_tokens
+
+        n = len(req_tokens(req))
+        if prefix + extend != n:
+            return None  # NOTE: a chunk that does not reach the end: nothing to move
+        d = publish_at(self.grid, n - 1, prefix, extend)
+        if d is None or not self.learner.repeat_wins(ns, prefix, native, d):
+            return None
+        return d
 
     # --- learned document ends (core/boundary.py MarkerLearner) ---------------------------------
     def _observe_fork(self, req: Req, tokens, tree, prefix: int, branching: int | None) -> None:
@@ -359,10 +389,12 @@ class BoundaryPublisher:
             k = self._hashes[(req.rid, depth)] = _key(ns, tokens, depth)
         return k
 
-    def _record(self, req: Req, tokens, ns, moved: int | None, native_branch: bool) -> None:
+    def _record(self, req: Req, tokens, ns, moved: int | None, native_branch: bool,
+                source: str | None = None) -> None:
         """What this extend publishes, for classifying later hits (core/boundary.py)."""
         if moved is not None:
-            self.learner.published(_key(ns, tokens, moved), "boundary")
+            kind = "repeat" if source == "repeat" else "boundary"
+            self.learner.published(_key(ns, tokens, moved), kind, moved)
             if self.cut is not req:
                 return  # NOTE: the moved state replaces the end state
             # NOTE: cut: the rest runs next round as a chunk and publishes the end
@@ -374,7 +406,7 @@ class BoundaryPublisher:
                                         req.mamba_branching_seqlen)
             kind = "branch" if native_branch else "end"
         if q is not None:
-            self.learner.published(_key(ns, tokens, q), kind)
+            self.learner.published(_key(ns, tokens, q), kind, q)
 
     def _native_branch(self, prefix: int, extend: int, branching: int | None) -> bool:
         # NOTE: SGLang already publishes where this request leaves a cached path: keep it.
@@ -440,6 +472,7 @@ class BoundaryPublisher:
     def summary(self) -> dict:
         return {"mode": self.mode, "moved_declared": self.moved["declared"],
                 "moved_learned": self.moved["learned"], "moved_marker": self.moved["marker"],
+                "moved_repeat": self.moved["repeat"],
                 "deferred": self.deferred,
                 "cuts_skipped": self.skipped, "cuts_unpaid": self.unpaid,
                 "reused_share": round(self.usage.rate, 3)}

@@ -158,8 +158,9 @@ class UsageRate:
         return (self.used + 1) / (self.used + self.unused + 1)
 
 
-FORK, CONTINUATION = "fork", "continuation"
-PUBLISH_KINDS = ("end", "branch", "boundary")  # a request's native end, SGLang's branch, ours
+FORK, CONTINUATION, REPEAT = "fork", "continuation", "repeat"
+# NOTE: a request's native end, SGLang's branch, ours (declared/learned), ours for repeats
+PUBLISH_KINDS = ("end", "branch", "boundary", "repeat")
 
 
 @dataclass
@@ -170,7 +171,10 @@ class BoundaryLearner:
       KV goes on past it without a state there), or a hit on a state published at a branch or
       a boundary;
     - continuation: a hit on the state an earlier request published at its own end (the next
-      turn of a conversation, an exact repeat).
+      turn of a conversation);
+    - repeat: a request whose whole matchable prompt (its length - 1: SGLang computes at least
+      the last token) was cached already: an identical prompt ran before (n samples sent as
+      separate requests, RL rollouts). The adapter tells (`observe(repeat=True)`).
 
     Which state a hit landed on is known from `published` (the adapter records every selected
     request's planned publication under an opaque key of the published prefix; bounded).
@@ -180,7 +184,9 @@ class BoundaryLearner:
     2605.05219, with continuations as the displaced state's value): move when
     (d - prefix) * forks(>= d) > (e - d) * continuations; d = argmax of the left side over
     depths seen `support` times. rule "mode": the most frequent fork depth seen `support` times,
-    without the comparison."""
+    without the comparison. `repeat_wins` moves it to the prompt's length - 1 (grid floor)
+    when repeats were seen: an identical copy can match at most length - 1 tokens, so a state
+    at the prompt's end serves none of them."""
 
     grid: int
     window: int = 256  # events kept per namespace (recent traffic)
@@ -189,31 +195,55 @@ class BoundaryLearner:
     namespaces: int = 1024  # namespaces kept (least recently observed dropped)
     keys: int = 16_384  # publication records kept
     _events: dict[Hashable, deque[tuple[int, str]]] = field(default_factory=dict)
-    _published: dict[Hashable, str] = field(default_factory=dict)
+    _published: dict[Hashable, tuple[str, int | None]] = field(default_factory=dict)
+    _depths: Counter = field(default_factory=Counter)  # depths of the records (cheap test)
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"invalid learned-boundary rule {self.rule!r} "
                              f"(choose from {', '.join(RULES)})")
 
-    def published(self, key: Hashable, kind: str) -> None:
-        """A state will be published under `key` (namespace + prefix), of kind PUBLISH_KINDS."""
-        self._published.pop(key, None)
-        self._published[key] = kind
+    def published(self, key: Hashable, kind: str, depth: int | None = None) -> None:
+        """A state will be published under `key` (namespace + prefix), of kind PUBLISH_KINDS,
+        at `depth` (known: `publishes_at` answers for it without hashing a prefix)."""
+        self._forget(key)
+        self._published[key] = (kind, depth)
+        if depth is not None:
+            self._depths[depth] += 1
         if len(self._published) > self.keys:
-            self._published.pop(next(iter(self._published)))
+            self._forget(next(iter(self._published)))
+
+    def _forget(self, key: Hashable) -> None:
+        old = self._published.pop(key, None)
+        if old is not None and old[1] is not None:
+            self._depths[old[1]] -= 1
+            if not self._depths[old[1]]:
+                del self._depths[old[1]]
+
+    def kind(self, key: Hashable) -> str | None:
+        rec = self._published.get(key)
+        return None if rec is None else rec[0]
+
+    def publishes_at(self, depth: int) -> bool:
+        """Whether a recorded state (with its depth given) lies at `depth`."""
+        return depth in self._depths
 
     def observe(self, namespace: Hashable, ready: int, ready_key: Hashable | None,
-                branching: int | None) -> str | None:
+                branching: int | None, repeat: bool = False) -> str | None:
         """One admitted request's match: its ready prefix (and the key of that prefix) and
-        SGLang's branching depth. Returns the event kind recorded, or None."""
+        SGLang's branching depth; `repeat`: its whole matchable prompt was cached already.
+        Returns the event kind recorded, or None."""
+        if repeat:
+            return self._add(namespace, ready, REPEAT)
         if branching is not None and branching > ready:
             return self._add(namespace, branching, FORK)
         if ready <= 0 or ready_key is None:
             return None
-        kind = self._published.get(ready_key)
+        kind = self.kind(ready_key)
         if kind is None:
             return None  # NOTE: a chunk stash or a forgotten record: no evidence either way
+        if kind == "repeat":
+            return self._add(namespace, ready, REPEAT)
         return self._add(namespace, ready, CONTINUATION if kind == "end" else FORK)
 
     def _add(self, namespace: Hashable, depth: int, kind: str) -> str:
@@ -248,6 +278,19 @@ class BoundaryLearner:
 
         best = max(inside, key=lambda d: (gain(d), d))
         return best if gain(best) > (native - best) * conts else None
+
+    def repeat_wins(self, namespace: Hashable, prefix: int, native: int | None,
+                    depth: int) -> bool:
+        """Move this extend's one state from `native` to `depth` (its prompt's length - 1,
+        floored) for identical copies to come? The namespace has seen `support` repeats
+        and, as `predict`'s optimal rule weighs forks, repeats x (depth - prefix) beat the
+        continuations that would resume at `native` x (native - depth)."""
+        q = self._events.get(namespace)
+        if not q or native is None or not prefix < depth < native:
+            return False
+        repeats = sum(1 for _, k in q if k == REPEAT)
+        conts = sum(1 for _, k in q if k == CONTINUATION)
+        return repeats >= self.support and repeats * (depth - prefix) > conts * (native - depth)
 
 
 # --- learned document ends: the text after which different requests diverge ----------------
