@@ -109,6 +109,7 @@ class RadixFlowRuntime:
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
         self._chunk: tuple = (None, None)  # (sched.chunked_req, adder) at begin_scan
         self._seq = 0  # registration order
+        self.quiet_visits = 0  # visits that skipped the traversal: nothing could be Blocked
         self._held_since_round = 0
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
@@ -144,7 +145,7 @@ class RadixFlowRuntime:
         if self.spec.cost_aware:
             self._count_arrivals(sched.waiting_queue)
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
-        if self._no_buffer_fork_possible(sched, adder):
+        if self._no_buffer_fork_possible(sched, adder, self.grid.layout):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
         self._fork_chunk = None
         self._chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
@@ -195,6 +196,12 @@ class RadixFlowRuntime:
         self.stats.visited += 1
         t = self.traversal
         if t is None or getattr(req, "session", None) is not None:
+            return False
+        if t.quiet():
+            # NOTE: no producer indexed (none in flight, none admitted yet this scan): nothing
+            # can be Blocked; a request parked last round is rechecked and goes native
+            self.quiet_visits += 1
+            t.waits.release(req.rid)
             return False
         tokens, ns = req_tokens(req), namespace(req)
         hits = t.may_block(req.rid, ns, tokens)
@@ -301,7 +308,8 @@ class RadixFlowRuntime:
         s.other = s.visited - s.ready - s.blocked
         s.chunked = adder.new_chunked_req is not None or sched.chunked_req is not None
         if self.traversal is not None:
-            self.traversal.end_round(r.rid for r in run)
+            if len(self.traversal.waits):  # NOTE: else nothing to release
+                self.traversal.end_round(r.rid for r in run)
             s.wait_set = len(self.traversal.waits)
         if self.admission is not None:
             s.released_by_admission = self.admission.take_release_reason()
@@ -527,10 +535,13 @@ class RadixFlowRuntime:
         adder.log_input_tokens -= cut
 
     @staticmethod
-    def _no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder) -> bool:
+    def _no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder,
+                                 layout: Layout | None = None) -> bool:
         # NOTE: the cut producer becomes SGLang's one chunked request: the slot must be free
         # and chunked prefill on (without it the next scan's add_chunked_req has no budget).
-        return (cache_grid(sched).layout is Layout.NO_BUFFER and sched.chunked_req is None
+        # `layout`: the runtime's grid's (cache_grid per scan cost a grid derivation).
+        layout = cache_grid(sched).layout if layout is None else layout
+        return (layout is Layout.NO_BUFFER and sched.chunked_req is None
                 and adder.rem_chunk_tokens is not None)
 
     def _emit(self, record: dict) -> None:
