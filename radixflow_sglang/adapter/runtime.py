@@ -284,8 +284,7 @@ class RadixFlowRuntime:
     def _view(self, req: Req, adder: PrefillAdder, siblings: int) -> RoundView:
         # NOTE: a round's host time adds to its latency only without overlap
         host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
-        return replace(self._scan.view(req, adder, siblings), host_s=host,
-                       arrival_rate=self.arrival_rate)
+        return self._scan.view(req, adder, siblings, host, self.arrival_rate)
 
     def after_add(self, sched: Scheduler, req: Req, adder: PrefillAdder, res) -> None:
         if not (adder.can_run_list and req is adder.can_run_list[-1]):
@@ -619,7 +618,8 @@ class _ScanView:
                 n += 1
         return n
 
-    def view(self, req: Req, adder: PrefillAdder, siblings: int = 0) -> RoundView:
+    def view(self, req: Req, adder: PrefillAdder, siblings: int = 0, host_s: float = 0.0,
+             arrival_rate: float = 0.0) -> RoundView:
         run = adder.can_run_list
         i = self.pos.get(req.rid, self.queued - 1)
         left = adder.rem_input_tokens
@@ -632,7 +632,8 @@ class _ScanView:
             mean_extend=self.mean_extend,
             rows_left=max(self.row_budget - self.running - len(run), 0),
             parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
-            token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings)
+            token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings,
+            host_s=host_s, arrival_rate=arrival_rate)  # NOTE: built once (no replace)
 
     def parked(self, extend: int) -> None:
         self.parked_tokens += extend
