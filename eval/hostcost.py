@@ -132,7 +132,10 @@ def _traverses(policy: str) -> bool:
 # learned boundaries' and the producer index's work per selected request), none per round
 # or plain visit. The previous fit (before learned boundaries were on by default, a lighter
 # moment): stock 0.723 ms + 0.445 ms/row, the traversal +0.48 ms/round + 0.48 ms/probe;
-# absolute times move with the machine's load, the side-by-side ratio is the finding.
+# absolute times move with the machine's load, the side-by-side ratio is the finding. A
+# replicate pair at 00:18-00:25 UTC (load ~2): stock 0.597 ms + 0.363 ms/row both; the
+# traversal's modelled excess per round 1.09 ms before (+0.235 ms/row, +0.610 ms/probe),
+# 0.74 ms after (+0.118 ms/round, +0.136 ms/row, +0.467 ms/probe).
 DEFAULT_HOST = HostCost(
     native=HostCoef(s0=1.379e-3, s1=0.0, s2=4.86e-4),
     traversal=HostCoef(s0=1.379e-3, s1=0.0, s2=6.90e-4, s3=7.42e-4),
