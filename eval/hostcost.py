@@ -121,19 +121,24 @@ def _traverses(policy: str) -> bool:
 
 
 # NOTE: fitted by `python -m eval.hostcost --fit --repeats 5` (see the module docstring);
-# seconds. Measured 2026-11-30 on the shared 2-core machine under load (load average ~12), 5
-# interleaved repeats, mix/qwen3.5-4b and race/qwen3.5-0.8b pooled: stock 63 rounds, median
-# 2.34 ms per scan (mean 2.62); radixflow 73 rounds, median 2.94 ms (mean 3.19), 67 probes
-# (the 0.8B's RACE branches recompute unprobed). Stock's visits and rows move together, so its
-# per-visit cost is absorbed by its per-row term (s1 ~ 0). The traversal's excess: 0.48 ms per
-# round (begin_scan's in-flight producers, the admission hold's queue walk, end_scan) and
-# 0.48 ms per probed visit (its probe match, view and sibling count, the rule), none per plain
-# visit. Before the probe skip (pre-probe-term fit, mix/4B alone): stock 1.555 ms + 0.380 ms
-# per row, the traversal 0.186 ms more per visit whatever the rule did; before the probe work
-# was cut, -0.15 ms + 1.19 ms per visit + 0.215 ms per row.
+# seconds. Measured 2026-11-30 23:40-23:50 UTC on the shared 2-core machine under heavy load
+# (load average ~12), 5 interleaved repeats, mix/qwen3.5-4b and race/qwen3.5-0.8b pooled, with
+# the traversal's quiet path, replace-free sibling loop and C-hashed boundary keys (issue 11):
+# stock 63 rounds, median 3.17 ms per scan (mean 3.46); radixflow 73 rounds, median 4.09 ms
+# (mean 4.35), 67 probes. The same fit of the code before those changes, run at the same time:
+# stock 3.05 ms (mean 3.23), radixflow 4.38 ms (mean 5.20); modelled excess per round 1.62 ms
+# before, 1.01 ms after (stock 1.398 ms + 0.423 ms/row; traversal +0.351 ms/row, +0.822 ms per
+# probe before; +0.204 ms/row, +0.742 ms per probe after). The excess is now per row (the
+# learned boundaries' and the producer index's work per selected request), none per round
+# or plain visit. The previous fit (before learned boundaries were on by default, a lighter
+# moment): stock 0.723 ms + 0.445 ms/row, the traversal +0.48 ms/round + 0.48 ms/probe;
+# absolute times move with the machine's load, the side-by-side ratio is the finding. A
+# replicate pair at 00:18-00:25 UTC (load ~2): stock 0.597 ms + 0.363 ms/row both; the
+# traversal's modelled excess per round 1.09 ms before (+0.235 ms/row, +0.610 ms/probe),
+# 0.74 ms after (+0.118 ms/round, +0.136 ms/row, +0.467 ms/probe).
 DEFAULT_HOST = HostCost(
-    native=HostCoef(s0=0.723e-3, s1=0.0, s2=4.45e-4),
-    traversal=HostCoef(s0=1.205e-3, s1=0.0, s2=4.45e-4, s3=4.80e-4),
+    native=HostCoef(s0=1.379e-3, s1=0.0, s2=4.86e-4),
+    traversal=HostCoef(s0=1.379e-3, s1=0.0, s2=6.90e-4, s3=7.42e-4),
     source="fit:kit-scan-cpu mix/qwen3.5-4b+race/qwen3.5-0.8b q10 x5 median huber "
            "stock+excess>=0 probe-term",
 )

@@ -65,11 +65,15 @@ class AdmissionHold:
         if not queue:
             return False
         now = self.clock()
+        requests, fresh = self.requests, []
         for r in queue:
-            if r.rid not in self.requests:
+            rs = requests.get(r.rid)
+            if rs is None:  # NOTE: one lookup per queued request (this runs every pass)
                 self.arrivals.add(now, len(r.origin_input_ids))
-            self.register(r)
-        fresh = [r for r in queue if not self.requests[r.rid].eligible]
+                self.register(r)
+                rs = requests[r.rid]
+            if not rs.eligible:
+                fresh.append(r)
         if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
         demand = self._demand(sched, running_batch, queue, fresh, now)

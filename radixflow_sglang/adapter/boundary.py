@@ -42,6 +42,7 @@ from radixflow_sglang.core.boundary import (
 )
 from radixflow_sglang.core.cost import CostCoeffs, cut_pays, measured
 from radixflow_sglang.core.grid import Grid, Layout
+from radixflow_sglang.core.producers import as_tokens
 
 from . import check_sglang_version
 
@@ -479,7 +480,9 @@ class BoundaryPublisher:
 
 
 def _key(ns, tokens, depth: int) -> tuple:
-    return (ns, depth, hash(tuple(tokens[:depth])))
+    # NOTE: the prefix's int64 bytes, hashed in C (a tuple of an array's ints cost ~50 ns per
+    # token: most of a selected request's boundary bookkeeping); one encoding for every type
+    return (ns, depth, hash(as_tokens(tokens[:depth]).tobytes()))
 
 
 def cut_chunk(req: Req, depth: int, adder: PrefillAdder) -> None:

@@ -109,6 +109,7 @@ class RadixFlowRuntime:
         self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
         self._chunk: tuple = (None, None)  # (sched.chunked_req, adder) at begin_scan
         self._seq = 0  # registration order
+        self.quiet_visits = 0  # visits that skipped the traversal: nothing could be Blocked
         self._held_since_round = 0
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
@@ -144,7 +145,7 @@ class RadixFlowRuntime:
         if self.spec.cost_aware:
             self._count_arrivals(sched.waiting_queue)
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
-        if self._no_buffer_fork_possible(sched, adder):
+        if self._no_buffer_fork_possible(sched, adder, self.grid.layout):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
         self._fork_chunk = None
         self._chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
@@ -195,6 +196,12 @@ class RadixFlowRuntime:
         self.stats.visited += 1
         t = self.traversal
         if t is None or getattr(req, "session", None) is not None:
+            return False
+        if t.quiet():
+            # NOTE: no producer indexed (none in flight, none admitted yet this scan): nothing
+            # can be Blocked; a request parked last round is rechecked and goes native
+            self.quiet_visits += 1
+            t.waits.release(req.rid)
             return False
         tokens, ns = req_tokens(req), namespace(req)
         hits = t.may_block(req.rid, ns, tokens)
@@ -277,8 +284,7 @@ class RadixFlowRuntime:
     def _view(self, req: Req, adder: PrefillAdder, siblings: int) -> RoundView:
         # NOTE: a round's host time adds to its latency only without overlap
         host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
-        return replace(self._scan.view(req, adder, siblings), host_s=host,
-                       arrival_rate=self.arrival_rate)
+        return self._scan.view(req, adder, siblings, host, self.arrival_rate)
 
     def after_add(self, sched: Scheduler, req: Req, adder: PrefillAdder, res) -> None:
         if not (adder.can_run_list and req is adder.can_run_list[-1]):
@@ -301,7 +307,8 @@ class RadixFlowRuntime:
         s.other = s.visited - s.ready - s.blocked
         s.chunked = adder.new_chunked_req is not None or sched.chunked_req is not None
         if self.traversal is not None:
-            self.traversal.end_round(r.rid for r in run)
+            if len(self.traversal.waits):  # NOTE: else nothing to release
+                self.traversal.end_round(r.rid for r in run)
             s.wait_set = len(self.traversal.waits)
         if self.admission is not None:
             s.released_by_admission = self.admission.take_release_reason()
@@ -527,10 +534,13 @@ class RadixFlowRuntime:
         adder.log_input_tokens -= cut
 
     @staticmethod
-    def _no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder) -> bool:
+    def _no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder,
+                                 layout: Layout | None = None) -> bool:
         # NOTE: the cut producer becomes SGLang's one chunked request: the slot must be free
         # and chunked prefill on (without it the next scan's add_chunked_req has no budget).
-        return (cache_grid(sched).layout is Layout.NO_BUFFER and sched.chunked_req is None
+        # `layout`: the runtime's grid's (cache_grid per scan cost a grid derivation).
+        layout = cache_grid(sched).layout if layout is None else layout
+        return (layout is Layout.NO_BUFFER and sched.chunked_req is None
                 and adder.rem_chunk_tokens is not None)
 
     def _emit(self, record: dict) -> None:
@@ -608,7 +618,8 @@ class _ScanView:
                 n += 1
         return n
 
-    def view(self, req: Req, adder: PrefillAdder, siblings: int = 0) -> RoundView:
+    def view(self, req: Req, adder: PrefillAdder, siblings: int = 0, host_s: float = 0.0,
+             arrival_rate: float = 0.0) -> RoundView:
         run = adder.can_run_list
         i = self.pos.get(req.rid, self.queued - 1)
         left = adder.rem_input_tokens
@@ -621,7 +632,8 @@ class _ScanView:
             mean_extend=self.mean_extend,
             rows_left=max(self.row_budget - self.running - len(run), 0),
             parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
-            token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings)
+            token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings,
+            host_s=host_s, arrival_rate=arrival_rate)  # NOTE: built once (no replace)
 
     def parked(self, extend: int) -> None:
         self.parked_tokens += extend

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, eval/costmodel.py docstring)
 MFU = 0.5  # prefill model FLOP utilisation (assumption)
@@ -341,17 +341,27 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         return wait_wins(c, case, v)
     e, e2 = case.length - case.ready, case.length - case.depth
     wait_s = recompute_s = 0.0
+    rest = _copy(case, cut_rest=0)
     for j in range(k):
-        cj = case if j == 0 else replace(case, cut_rest=0)
+        cj = case if j == 0 else rest
         dem = max(v.demand_after - j * case.length, 0)
-        vw = replace(v, demand_after=dem, parked_rows=v.parked_rows + j,
-                     parked_tokens=v.parked_tokens + j * e2, siblings=0)
-        vr = replace(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
-                     budget_left=max(v.budget_left - j * e, 0),
-                     rows_left=max(v.rows_left - j, 0), siblings=0)
+        vw = _copy(v, demand_after=dem, parked_rows=v.parked_rows + j,
+                   parked_tokens=v.parked_tokens + j * e2, siblings=0)
+        vr = _copy(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
+                   budget_left=max(v.budget_left - j * e, 0),
+                   rows_left=max(v.rows_left - j, 0), siblings=0)
         wait_s += wait_wins(c, cj, vw).wait_s
         recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
+
+
+def _copy(obj, **changes):
+    """`dataclasses.replace` for the plain frozen records of this loop (RoundView, WaitCase: no
+    __post_init__, no init=False fields): the same fields and values without re-running
+    __init__ (replace validates and sets every field again: most of this loop's time)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
 
 
 def group_size(v: RoundView) -> int:

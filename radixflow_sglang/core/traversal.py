@@ -108,6 +108,11 @@ class Traversal:
         return self.stats
 
     # --- per request -----------------------------------------------------------------------
+    def quiet(self) -> bool:
+        """Nothing can be Blocked now, O(1): no producer is indexed (none in flight, none
+        admitted yet this scan), so every visit gets native handling without a lookup."""
+        return len(self.index) == 0
+
     def may_block(self, rid: str, namespace: Hashable, tokens: Sequence[int]
                   ) -> list[tuple[Producer, int]]:
         """Cheap pre-check (no cache match): the live producers sharing >= a block with the
