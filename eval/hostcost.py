@@ -51,7 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 HOST_CHOICES = ("model", "measured", "none")
@@ -76,6 +76,9 @@ class HostCost:
     traversal: HostCoef
     measured: bool = False  # use the kit's measured scan CPU time instead
     source: str = "custom"
+    # NOTE: a quiet scan (core/cost.py `never_waits`): SGLang's scan plus the boundary
+    # publisher's work, the traversal's hooks off; None: charged as the native scan
+    quiet: HostCoef | None = None
 
     def for_policy(self, policy: str) -> HostCoef:
         return self.traversal if _traverses(policy) else self.native
@@ -90,9 +93,12 @@ class HostCost:
             # NOTE: a decode step's scan ran too (the arm's own, admitting nothing new); one
             # that visited nothing (an empty queue: SGLang returns before the scan loop) costs
             # SGLang's own fixed time whatever the arm (the traversal's per-round excess is
-            # its scan hooks' work)
+            # its scan hooks' work; a quiet scan ran SGLang's own code with the hooks off,
+            # core/cost.py `never_waits`)
             visited = _visited(scan)
             c = coef if visited or rnd.rids else self.native
+            if getattr(scan, "quiet", False) and c is self.traversal:
+                c = self.quiet or self.native
             return c(visited, len(rnd.rids), getattr(scan, "probed", 0) or 0)
 
         return host
@@ -121,26 +127,22 @@ def _traverses(policy: str) -> bool:
 
 
 # NOTE: fitted by `python -m eval.hostcost --fit --repeats 5` (see the module docstring);
-# seconds. Measured 2026-11-30 23:40-23:50 UTC on the shared 2-core machine under heavy load
-# (load average ~12), 5 interleaved repeats, mix/qwen3.5-4b and race/qwen3.5-0.8b pooled, with
-# the traversal's quiet path, replace-free sibling loop and C-hashed boundary keys (issue 11):
-# stock 63 rounds, median 3.17 ms per scan (mean 3.46); radixflow 73 rounds, median 4.09 ms
-# (mean 4.35), 67 probes. The same fit of the code before those changes, run at the same time:
-# stock 3.05 ms (mean 3.23), radixflow 4.38 ms (mean 5.20); modelled excess per round 1.62 ms
-# before, 1.01 ms after (stock 1.398 ms + 0.423 ms/row; traversal +0.351 ms/row, +0.822 ms per
-# probe before; +0.204 ms/row, +0.742 ms per probe after). The excess is now per row (the
-# learned boundaries' and the producer index's work per selected request), none per round
-# or plain visit. The previous fit (before learned boundaries were on by default, a lighter
-# moment): stock 0.723 ms + 0.445 ms/row, the traversal +0.48 ms/round + 0.48 ms/probe;
-# absolute times move with the machine's load, the side-by-side ratio is the finding. A
-# replicate pair at 00:18-00:25 UTC (load ~2): stock 0.597 ms + 0.363 ms/row both; the
-# traversal's modelled excess per round 1.09 ms before (+0.235 ms/row, +0.610 ms/probe),
-# 0.74 ms after (+0.118 ms/round, +0.136 ms/row, +0.467 ms/probe).
+# seconds; each coefficient the median of three fits, 2026-12-01 03:41-03:43 UTC, on the shared
+# 2-core machine at load average ~1-2, mix/qwen3.5-4b and race/qwen3.5-0.8b pooled, 5
+# interleaved repeats each, with quiet scans (core/cost.py `never_waits`: 30 of radixflow's 73
+# rounds, fitted apart): stock 0.56-0.73 ms + 0.323-0.343 ms/row; the traversal +0.01-0.15 ms
+# per round, +0.09-0.23 ms/row, +0.36-0.47 ms per probe; a quiet scan +0.00-0.01 ms per round,
+# +0.01-0.02 ms/visit and row (SGLang's scan and the boundary publisher). The same fit of the
+# code without quiet scans, interleaved with those: the traversal +0.19-0.23 ms/row on every
+# round. Earlier fits (heavier load, ~12): stock 1.379 ms + 0.486 ms/row, the traversal
+# +0.204 ms/row +0.742 ms/probe; absolute times move with the machine's load, the side-by-side
+# excess is the finding.
 DEFAULT_HOST = HostCost(
-    native=HostCoef(s0=1.379e-3, s1=0.0, s2=4.86e-4),
-    traversal=HostCoef(s0=1.379e-3, s1=0.0, s2=6.90e-4, s3=7.42e-4),
-    source="fit:kit-scan-cpu mix/qwen3.5-4b+race/qwen3.5-0.8b q10 x5 median huber "
-           "stock+excess>=0 probe-term",
+    native=HostCoef(s0=0.725e-3, s1=0.0, s2=3.26e-4),
+    traversal=HostCoef(s0=0.784e-3, s1=0.0, s2=4.44e-4, s3=4.02e-4),
+    source="fit:kit-scan-cpu mix/qwen3.5-4b+race/qwen3.5-0.8b q10 x5 median-of-3 huber "
+           "stock+excess>=0 probe-term quiet-apart",
+    quiet=HostCoef(s0=0.731e-3, s1=1.2e-5, s2=3.44e-4),
 )
 
 
@@ -170,6 +172,13 @@ class Rounds:
 
     x: list[tuple[int, ...]]
     cpu: list[list[float]]  # [repeat][round]
+    quiet: list[bool] = field(default_factory=list)  # the round's scan was quiet
+
+    def part(self, quiet: bool) -> Rounds:
+        """The quiet (or not quiet) scans' rounds."""
+        keep = [i for i in range(len(self.x)) if bool(self.quiet and self.quiet[i]) == quiet]
+        return Rounds([self.x[i] for i in keep], [[row[i] for i in keep] for row in self.cpu],
+                      [quiet] * len(keep))
 
     def medians(self) -> list[float]:
         import statistics
@@ -187,17 +196,18 @@ def record(segs: Any, model: str, policies: tuple[str, ...], repeats: int
     out: dict[str, Rounds] = {}
     for r in range(repeats):
         for pol in policies[r % len(policies):] + policies[:r % len(policies)]:
-            rec: list[tuple[int, int, int, float]] = []
+            rec: list[tuple[int, int, int, bool, float]] = []
 
             def host(rnd: Any, scan: Any, rec: list = rec) -> float:
                 if getattr(rnd, "mode", "prefill") == "prefill" and rnd.rids:
-                    rec.append((_visited(scan), len(rnd.rids), scan.probed, scan.cpu_s))
+                    rec.append((_visited(scan), len(rnd.rids), scan.probed,
+                                bool(getattr(scan, "quiet", False)), scan.cpu_s))
                 return 0.0
 
             twin.replay(segs, model, pol, host=host)
-            x = [(v, n, p) for v, n, p, _ in rec]
+            x = [(v, n, p) for v, n, p, _, _ in rec]
             if pol not in out:
-                out[pol] = Rounds(x, [])
+                out[pol] = Rounds(x, [], [q for *_, q, _ in rec])
             elif out[pol].x != x:
                 raise RuntimeError(f"{pol}: repeat {r} ran other rounds than repeat 0 (the "
                                    "replay should be deterministic)")
@@ -223,13 +233,19 @@ def robust_fit(x: list[tuple[int, ...]], y: list[float], probes: bool = False) -
 
 
 def fit_rounds(rounds: dict[str, Rounds], native: str = "stock", traversal: str = "radixflow"
-               ) -> tuple[HostCoef, HostCoef]:
-    """Stock's coefficients, and the traversal's = stock's + an excess >= 0 (module doc)."""
+               ) -> tuple[HostCoef, HostCoef, HostCoef | None]:
+    """Stock's coefficients, the traversal's = stock's + an excess >= 0 (module doc), and its
+    quiet scans' the same way on their own rounds (None without any)."""
     base = robust_fit(rounds[native].x, rounds[native].medians())
+
+    def excess(tr: Rounds) -> HostCoef:
+        resid = [c - base(*r[:2]) for r, c in zip(tr.x, tr.medians(), strict=True)]
+        d = robust_fit(tr.x, resid, probes=True)
+        return HostCoef(base.s0 + d.s0, base.s1 + d.s1, base.s2 + d.s2, d.s3)
+
     tr = rounds[traversal]
-    resid = [c - base(*r[:2]) for r, c in zip(tr.x, tr.medians(), strict=True)]
-    d = robust_fit(tr.x, resid, probes=True)
-    return base, HostCoef(base.s0 + d.s0, base.s1 + d.s1, base.s2 + d.s2, d.s3)
+    quiet = tr.part(True)
+    return base, excess(tr.part(False)), (excess(quiet) if len(quiet.x) >= 8 else None)
 
 
 # NOTE: the paper workload (probes: the rule waits) and the 0.8B's RACE (the rule recomputes
@@ -252,8 +268,9 @@ def fit(sets: tuple[tuple[str, str], ...] = FIT_SETS, questions: int = 10,
         for pol, r in record(segs, model, ("stock", "radixflow"), repeats).items():
             old = rounds.get(pol, Rounds([], [[] for _ in range(repeats)]))
             rounds[pol] = Rounds(old.x + r.x, [a + b for a, b in zip(old.cpu, r.cpu,
-                                                                     strict=True)])
-    native, trav = fit_rounds(rounds)
+                                                                     strict=True)],
+                                 old.quiet + r.quiet)
+    native, trav, quiet = fit_rounds(rounds)
     if verbose:
         for pol, r in rounds.items():
             med = r.medians()
@@ -263,13 +280,16 @@ def fit(sets: tuple[tuple[str, str], ...] = FIT_SETS, questions: int = 10,
                   f"(max {max(x[0] for x in r.x)}), rows median "
                   f"{statistics.median(x[1] for x in r.x):g}, probed "
                   f"{sum((*x, 0)[2] for x in r.x)} in all", file=sys.stderr)
+        r = rounds["radixflow"]
+        print(f"radixflow: {sum(r.quiet)} of {len(r.x)} rounds quiet", file=sys.stderr)
         for pol, coef in (("stock", native), ("radixflow", trav)):
             r = rounds[pol]
             model_ms = statistics.fmean(coef(*x) for x in r.x) * 1e3
             print(f"{pol}: modelled mean {model_ms:.2f} ms per round", file=sys.stderr)
     names = "+".join(f"{n}/{m}" for n, m in sets)
     return HostCost(native, trav, source=f"fit:kit-scan-cpu {names} q{questions} "
-                    f"x{repeats} median huber stock+excess>=0 probe-term")
+                    f"x{repeats} median huber stock+excess>=0 probe-term quiet-apart",
+                    quiet=quiet)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -230,7 +230,7 @@ def test_the_fit_recovers_coefficients_and_ignores_a_stall() -> None:
     stock.cpu[1][3] += 0.2  # one repeat's stall: the round's median drops it
     trav = _rounds(HostCoef(1.5e-3, 1.5e-4, 3e-4), X, seed=1)
     trav.cpu[0][5] = trav.cpu[1][5] = trav.cpu[2][5] = 0.05  # a slow round in every repeat
-    native, tr = fit_rounds({"stock": stock, "radixflow": trav})
+    native, tr, _ = fit_rounds({"stock": stock, "radixflow": trav})
     assert native.s0 == pytest.approx(true.s0, rel=0.15)
     assert native.s1 == pytest.approx(true.s1, rel=0.15)
     assert native.s2 == pytest.approx(true.s2, rel=0.15)
@@ -244,7 +244,7 @@ def test_the_traversal_is_never_fitted_cheaper_than_stock() -> None:
 
     stock = _rounds(HostCoef(1.5e-3, 1e-4, 3e-4), X)
     trav = _rounds(HostCoef(0.2e-3, 1e-4, 2e-4), X, seed=1)
-    native, tr = fit_rounds({"stock": stock, "radixflow": trav})
+    native, tr, _ = fit_rounds({"stock": stock, "radixflow": trav})
     assert (tr.s0, tr.s1, tr.s2) == pytest.approx((native.s0, native.s1, native.s2))
     assert min(native.s0, native.s1, native.s2) >= 0
 
@@ -279,7 +279,7 @@ def test_the_fit_charges_probes_apart_from_plain_visits() -> None:
     rng = Random(2)
     trav = Rounds(xp, [[true(*x) * (1 + rng.uniform(-0.05, 0.05)) for x in xp]
                        for _ in range(3)])
-    native, tr = fit_rounds({"stock": stock, "radixflow": trav})
+    native, tr, _ = fit_rounds({"stock": stock, "radixflow": trav})
     assert native.s3 == 0.0
     assert tr.s3 == pytest.approx(4e-4, rel=0.15)
     assert tr.s1 == pytest.approx(1.2e-4, rel=0.25)

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 from radixflow_sglang.config import RadixFlowConfig  # noqa: F401  (re-export, moved there)
 from radixflow_sglang.core.admission import Agreement, ArrivalRate, Gate, local_agreement
-from radixflow_sglang.core.cost import GENERIC_PRIOR, CostCoeffs, RoundCostEstimator, RoundView
+from radixflow_sglang.core.cost import (
+    GENERIC_PRIOR,
+    CostCoeffs,
+    RoundCostEstimator,
+    RoundView,
+    never_waits,
+)
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.producers import Producer
@@ -110,6 +116,7 @@ class RadixFlowRuntime:
         self._chunk: tuple = (None, None)  # (sched.chunked_req, adder) at begin_scan
         self._seq = 0  # registration order
         self.quiet_visits = 0  # visits that skipped the traversal: nothing could be Blocked
+        self._quiet = False  # this scan: no candidate can wait, hooks off (`_quiet_scan`)
         self._held_since_round = 0
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
@@ -135,11 +142,20 @@ class RadixFlowRuntime:
         self.round += 1
         self._scan_reqs = {}
         self._fork_chunk = None
-        self.boundary.begin_scan(sched.waiting_queue)
         if self._records() > 2 * len(sched.waiting_queue) + 1024:
             self._prune(sched)
+        self._quiet = False
+        self.boundary.begin_scan(sched.waiting_queue)
         if self.traversal is None:
             self.stats = RoundStats(self.round, t_start=self.clock())
+            return
+        if self.spec.cost_aware and self._quiet_scan(sched, adder):
+            # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
+            # plus the boundary publisher's work (eval/hostcost.py charges it apart)
+            self._quiet = True
+            self._chunk = (None, None)
+            self._count_arrivals(sched.waiting_queue)
+            self.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
             return
         self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
         if self.spec.cost_aware:
@@ -151,6 +167,23 @@ class RadixFlowRuntime:
         self._chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
         self.stats = self.traversal.begin_round(self._inflight(sched), slots)
         self.stats.t_start = self.clock()
+
+    def _quiet_scan(self, sched: Scheduler, adder: PrefillAdder) -> bool:
+        """No candidate of this scan can wait (core/cost.py `never_waits`, from rank-identical
+        inputs): nothing is parked, no chunk continues, and every queued request fits the round
+        at a recompute cheaper than a round's fixed cost (docs/design.md, "Quiet scans").
+        Boundaries still publish: their states serve later requests without a wait."""
+        q = sched.waiting_queue
+        if not q or len(self.traversal.waits) or sched.chunked_req is not None:
+            return False
+        left = adder.rem_input_tokens
+        if adder.rem_chunk_tokens is not None:
+            left = min(left, adder.rem_chunk_tokens)
+        running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
+        host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
+        return never_waits(self.cost.decision_coeffs,
+                           [len(r.origin_input_ids) + len(r.output_ids) for r in q], running,
+                           int(left), sched.max_running_requests, host, adder.page_size)
 
     def _count_arrivals(self, queue) -> None:
         """Requests that entered the waiting queue since the last scan (a retracted one re-enters:
@@ -195,7 +228,7 @@ class RadixFlowRuntime:
             return True
         self.stats.visited += 1
         t = self.traversal
-        if t is None or getattr(req, "session", None) is not None:
+        if t is None or self._quiet or getattr(req, "session", None) is not None:
             return False
         if t.quiet():
             # NOTE: no producer indexed (none in flight, none admitted yet this scan): nothing
@@ -294,7 +327,7 @@ class RadixFlowRuntime:
         if rs is not None and rs.first_selected is None:
             rs.first_selected, rs.first_selected_round = self.clock(), self.round
         self._publish_boundary(sched, req, adder)
-        if self.traversal is not None:
+        if self.traversal is not None and not self._quiet:
             self._scan_reqs[req.rid] = req
             self.traversal.admitted(self._producer(req, movable=True))
 
@@ -380,7 +413,8 @@ class RadixFlowRuntime:
             "policy": self.spec.name, "composition": self.spec.describe(),
             "wait_rule": (None if self.traversal is None
                           else "cost-aware" if self.spec.cost_aware else "always"),
-            "recomputed": t.recomputed, "cost": self.cost.as_dict(),
+            "recomputed": t.recomputed, "quiet_scans": t.quiet_scans,
+            "cost": self.cost.as_dict(),
             "grid": self.grid.size, "layout": self.grid.layout.value,
             "rounds": t.rounds, "blocked": t.blocked, "forks": t.forks,
             "released_by_bound": t.released_by_bound, "parked_max_rounds": t.parked_max_rounds,

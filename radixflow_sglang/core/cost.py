@@ -385,6 +385,28 @@ def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bo
     return not group_wait_wins(c, case, v).wait
 
 
+def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
+                row_budget: int, host_s: float, page: int = 1) -> bool:
+    """True when `group_wait_wins` recomputes every Blocked candidate this scan can visit,
+    whatever its producer, ready prefix and siblings (docs/design.md, "Quiet scans"). `lengths`:
+    the waiting queue's input lengths; `running`: requests running; `budget`: the prefill
+    tokens the scan starts with; `page`: the charge's rounding. Sufficient, not necessary:
+
+    - every queued request fits the round at its full length (`len(lengths) * (max + page)`
+      within `budget`, and two rows to spare), so no recompute displaces work, overflows,
+      chunks or meets a backlog: recomputing costs only its extra work times the requests
+      present, `extra * (rows + behind) <= (beta * L + |delta| * L**2 / 2) * present`;
+    - waiting costs at least the next round's host time and fixed cost, `host_s + c(1, 0)`.
+    """
+    if not lengths or min(c.alpha, c.beta, c.gamma) < 0:
+        return False
+    longest, present = max(lengths), len(lengths) + running
+    if len(lengths) * (longest + page) > budget or present + 1 > row_budget:
+        return False
+    extra = c.beta * longest + abs(c.delta) * longest * longest / 2
+    return extra * present < host_s + c(1, 0)
+
+
 def cut_pays(c: CostCoeffs, gain: int, rest: int, behind: int, users: float,
              backlog_budget: int = 0) -> bool:
     """no_buffer: whether cutting a request's extend at a *learned* boundary pays

@@ -26,6 +26,7 @@ class RoundStats:
     # ready prefix it could have, core/traversal.py `recomputes_unprobed`)
     recomputed: int = 0
     probed: int = 0  # visits that ran the probe match (the rest skipped it: eval/hostcost.py)
+    quiet: bool = False  # no candidate could wait: the scan ran without traversal hooks
     t_start: float = 0.0
     t_end: float = 0.0
 
@@ -55,6 +56,7 @@ class Totals:
     scheduled_tokens: int = 0
     hit_tokens: int = 0
     recomputed: int = 0
+    quiet_scans: int = 0
 
     def add(self, r: RoundStats) -> None:
         self.rounds += 1
@@ -65,3 +67,4 @@ class Totals:
         self.scheduled_tokens += r.scheduled_tokens
         self.hit_tokens += r.hit_tokens
         self.recomputed += r.recomputed
+        self.quiet_scans += r.quiet

@@ -330,6 +330,7 @@ class ScanTiming:
     # (`_count_visits`), so both scans' host time is modelled on the same regressor.
     visited: int | None = None
     probed: int = 0  # NOTE: visits that ran the traversal's probe match (runtime counts them)
+    quiet: bool = False  # the traversal's hooks were off: SGLang's own scan ran
 
 
 @dataclass
@@ -478,14 +479,15 @@ class Kit:
         t = time.process_time()
         batch = self.next_batch()
         cpu = time.process_time() - t
-        probed = 0
+        probed, quiet = 0, False
         if rt is None:
             visited = self._visits - visits
         else:  # NOTE: a pass that never reached the scan loop leaves last scan's stats in place
             fresh = rt.stats is not stats
             visited = rt.stats.visited if fresh else 0
             probed = rt.stats.probed if fresh else 0
-        self.last_scan = ScanTiming(queued, cpu, visited, probed)
+            quiet = fresh and rt.stats.quiet
+        self.last_scan = ScanTiming(queued, cpu, visited, probed, quiet)
         if self.on_scan is not None:
             self.on_scan(self.last_scan)
         rnd = None
