@@ -135,7 +135,8 @@ class AdmissionHold:
         oldest = min(self.requests[r.rid].registered for r in fresh)
         cost = self.cost() if self.cost is not None else None
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
-                      self.arrivals.rate(now), self.arrivals.mean_length(), cost)
+                      self.arrivals.rate(now), self.arrivals.mean_length(), cost,
+                      self.arrivals.burst())
 
     def take_release_reason(self) -> str:
         reason, self.release_reason = self.release_reason, ""

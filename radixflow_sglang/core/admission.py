@@ -31,6 +31,7 @@ class Demand:
     rate: float = 0.0  # requests registered per second, recent window (rank-local clock)
     mean_extend: float = 0.0  # mean input length of recent arrivals (tokens)
     cost: CostCoeffs | None = None  # the round-cost fit (rank-identical)
+    burst: float = 1.0  # requests per arrival: registered in the same pass (rank-local)
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,19 @@ class Decision:
     count: int = -1  # how many held requests (queue order) it releases; -1 = all
 
 
-def hold_gain(held: int, rate: float, mean_extend: float, c: CostCoeffs) -> float:
+def hold_gain(held: int, rate: float, mean_extend: float, c: CostCoeffs,
+              burst: float = 1.0) -> float:
     """Net latency (s) per second of holding: the arrivals' saving less the held requests' wait.
 
     Holding dt more delays each of the `held` requests by dt. An arrival within dt (expected
-    rate * dt) joins this round instead of waiting for it and running in a round of its own:
-    it saves that round's fixed cost alpha, while its work (beta * extend + gamma per row,
-    delta for its attention pairs) now delays each held request. Positive: holding wins."""
+    rate / burst * dt: `burst` requests arrive together, as one question's branches or one
+    client batch reach the scheduler in one pass) joins this round instead of waiting for it
+    and running in a round of its own: it saves that round's fixed cost alpha once, while its
+    `burst` requests' work (beta * extend + gamma per row, delta for its attention pairs) now
+    delays each held request. Positive: holding wins."""
     join = c.beta * mean_extend + c.gamma + c.delta * mean_extend * mean_extend / 2
-    return rate * (c.alpha - held * join) - held
+    burst = max(burst, 1.0)
+    return rate / burst * (c.alpha - held * burst * join) - held
 
 
 class Gate:
@@ -71,7 +76,8 @@ class Gate:
             if d.residual_tokens >= d.token_budget:
                 return Decision(False, "tokens")
             if self.cost_aware and (d.cost is None
-                                    or hold_gain(d.held, d.rate, d.mean_extend, d.cost) <= 0):
+                                    or hold_gain(d.held, d.rate, d.mean_extend, d.cost,
+                                                 d.burst) <= 0):
                 return Decision(False, "cost")
         if now - d.oldest_arrival >= self.deadline_s:
             return Decision(False, "deadline")
@@ -113,6 +119,11 @@ class ArrivalRate:
 
     def mean_length(self) -> float:
         return sum(n for _, n in self._seen) / len(self._seen) if self._seen else 0.0
+
+    def burst(self) -> float:
+        """Requests per arrival in the window: those registered at one time (one pass) arrive
+        together (1.0 before any)."""
+        return len(self._seen) / len({t for t, _ in self._seen}) if self._seen else 1.0
 
 
 Agreement = Callable[[Decision], Decision]  # shares one rank's decision with the others
