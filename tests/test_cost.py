@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from radixflow_sglang.adapter import runtime as runtime_mod
 from radixflow_sglang.core.cost import (
     GENERIC_PRIOR,
     CostCoeffs,
@@ -353,15 +354,23 @@ def test_kit_long_shared_document_waits_under_both_rules(make_kit, policy):
     assert sum(r.scheduled_tokens for r in rounds) < 4000 + 4 * 200
 
 
+@pytest.mark.parametrize("quiet", [True, False])
 @pytest.mark.parametrize("policy, parks", [("traversal", False), ("traversal-always", True)])
-def test_kit_short_document_under_a_large_fixed_cost(make_kit, policy, parks):
+def test_kit_short_document_under_a_large_fixed_cost(make_kit, monkeypatch, policy, parks,
+                                                     quiet):
+    """The cost-aware rule recomputes the three siblings: as a quiet scan (no candidate could
+    wait: the rule is not asked, tests/test_quiet_scan.py) or, with quiet scans off, branch by
+    branch. The always-wait rule parks them either way."""
+    if not quiet:
+        monkeypatch.setattr(runtime_mod, "never_waits", lambda *a, **kw: False)
     k = make_kit("qwen3.5-4b", "extra_buffer", policy)
     k.runtime.use_prior(CostCoeffs(0.25, QWEN_4B.beta, QWEN_4B.gamma))
     branches(k, 320)
     rounds = k.drain()
     t = k.runtime.totals
     assert (t.blocked > 0) == parks
-    assert (t.recomputed == 3) == (not parks)
+    assert t.quiet_scans == (1 if quiet and not parks else 0)
+    assert (t.recomputed == 3) == (not parks and not quiet)
     if not parks:  # native: one round, every branch recomputes the document (SGLang's way)
         assert len(rounds) == 1 and sorted(rounds[0].rids) == ["b0", "b1", "b2", "b3"]
     assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
