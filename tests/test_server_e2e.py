@@ -145,6 +145,10 @@ def test_metrics_count_radixflow_rounds(server):
     assert "radixflow_blocked_total" in text and "radixflow_round_tokens_bucket" in text
     assert 'radixflow_round_cost{' in text and 'term="beta"' in text
     assert "radixflow_forward_seconds_bucket" in text
+    # NOTE: quiet scans (no request could wait) are counted where /server_info counts them
+    quiet = [ln for ln in text.splitlines() if ln.startswith("radixflow_quiet_scans_total")]
+    info = request_json(server.base + "/server_info")[1]["internal_states"][0]["radixflow"]
+    assert quiet and float(quiet[0].rsplit(" ", 1)[1]) == info["quiet_scans"]
 
 
 def test_abort_while_parked_leaks_nothing(server):

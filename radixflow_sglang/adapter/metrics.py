@@ -35,6 +35,9 @@ class RadixFlowMetrics:
                               multiprocess_mode="mostrecent")
         self.recomputed = Counter("radixflow_recomputed",
                                   "Blocked requests the cost rule sent to recompute", names)
+        self.quiet = Counter("radixflow_quiet_scans",
+                             "Scans in which no request could wait (traversal hooks off)", names)
+        self.quiet.labels(**self.labels)  # NOTE: exported from the start, 0 until one runs
         self.forward = Histogram("radixflow_forward_seconds", "Measured prefill forward time",
                                  names, buckets=FORWARD_BUCKETS)
         self.fit = Gauge("radixflow_round_cost", "Round-cost fit: c = alpha + beta * tokens + "
@@ -56,6 +59,8 @@ class RadixFlowMetrics:
         self.wait_set.labels(**lab).set(s.wait_set)
         if s.recomputed:
             self.recomputed.labels(**lab).inc(s.recomputed)
+        if s.quiet:
+            self.quiet.labels(**lab).inc()
 
     def on_forward(self, seconds: float, fit: CostCoeffs) -> None:
         lab = self.labels
