@@ -444,15 +444,13 @@ class BoundaryPublisher:
         c = self.cost() if self.cost is not None else None
         if c is None or not measured(c):
             return True  # NOTE: the prior's alpha is an assumption: gate on measured rounds
-        from .runtime import req_tokens
+        from .runtime import budget_left, req_len
 
         picked = {r.rid for r in adder.can_run_list}
         rest = [r for r in self._queue if r.rid not in picked and r is not req]
-        left = adder.rem_input_tokens
-        if adder.rem_chunk_tokens is not None:
-            left = min(left, adder.rem_chunk_tokens)
+        left = budget_left(adder)
         # NOTE: queued input lengths: an upper bound of the demand, as the wait rule's
-        backlog = sum(len(req_tokens(r)) for r in rest) > left
+        backlog = sum(req_len(r) for r in rest) > left
         budget = int(left + adder.log_input_tokens) if backlog else 0
         users = self._users(req, tokens, ns, depth, key, adder)
         return cut_pays(c, depth - req.prefix_len, len(tokens) - depth, len(rest), users,

@@ -53,6 +53,22 @@ def req_tokens(req: Req):
     return req.origin_input_ids + req.output_ids if req.output_ids else req.origin_input_ids
 
 
+def req_len(req: Req) -> int:
+    """len(req_tokens(req)) without building the list."""
+    return len(req.origin_input_ids) + len(req.output_ids)
+
+
+def running(sched: Scheduler) -> int:
+    """Requests in the running (decode) batch."""
+    return len(sched.running_batch.reqs) if sched.running_batch is not None else 0
+
+
+def budget_left(adder: PrefillAdder) -> int:
+    """Prefill tokens this round can still take: the input budget, and the chunk's if set."""
+    left = adder.rem_input_tokens
+    return left if adder.rem_chunk_tokens is None else min(left, adder.rem_chunk_tokens)
+
+
 def cache_hit(req: Req) -> int:
     """Tokens of this extend's ready prefix the request did not compute itself: SGLang's own
     cached-token increment (schedule_batch.py `prepare_for_extend`: prefix_len -
@@ -149,17 +165,16 @@ class RadixFlowRuntime:
         if self.traversal is None:
             self.stats = RoundStats(self.round, t_start=self.clock())
             return
-        if self.spec.cost_aware and self._quiet_scan(sched, adder):
-            # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
-            # plus the boundary publisher's work (eval/hostcost.py charges it apart)
-            self._quiet = True
-            self._chunk = (None, None)
-            self._count_arrivals(sched.waiting_queue)
-            self.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
-            return
-        self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
         if self.spec.cost_aware:
             self._count_arrivals(sched.waiting_queue)
+            if self._quiet_scan(sched, adder):
+                # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
+                # plus the boundary publisher's work (eval/hostcost.py charges it apart)
+                self._quiet = True
+                self._chunk = (None, None)
+                self.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
+                return
+        self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
         if self._no_buffer_fork_possible(sched, adder, self.grid.layout):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
@@ -176,14 +191,10 @@ class RadixFlowRuntime:
         q = sched.waiting_queue
         if not q or len(self.traversal.waits) or sched.chunked_req is not None:
             return False
-        left = adder.rem_input_tokens
-        if adder.rem_chunk_tokens is not None:
-            left = min(left, adder.rem_chunk_tokens)
-        running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
         host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
-        return never_waits(self.cost.decision_coeffs,
-                           [len(r.origin_input_ids) + len(r.output_ids) for r in q], running,
-                           int(left), sched.max_running_requests, host, adder.page_size)
+        return never_waits(self.cost.decision_coeffs, [req_len(r) for r in q], running(sched),
+                           int(budget_left(adder)), sched.max_running_requests, host,
+                           adder.page_size)
 
     def _count_arrivals(self, queue) -> None:
         """Requests that entered the waiting queue since the last scan (a retracted one re-enters:
@@ -481,9 +492,8 @@ class RadixFlowRuntime:
         native chunk continues past this one."""
         if not self.boundary.active or getattr(req, "session", None) is not None:
             return False
-        running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
         return self.boundary.defer(req, req_tokens(req), namespace(req), adder,
-                                   sched.chunked_req is None, running)
+                                   sched.chunked_req is None, running(sched))
 
     def forget(self, rid: str) -> None:
         """The request left the scheduler without being selected (aborted): drop its records."""
@@ -624,15 +634,14 @@ class _ScanView:
     @classmethod
     def of(cls, sched: Scheduler) -> _ScanView:
         q = sched.waiting_queue
-        lens = [len(r.origin_input_ids) + len(r.output_ids) for r in q]
+        lens = [req_len(r) for r in q]
         after = [0] * (len(lens) + 1)
         for i in range(len(lens) - 1, -1, -1):
             after[i] = after[i + 1] + lens[i]
         chunk = sched.chunked_prefill_size
         budget = sched.max_prefill_tokens
         budget = min(budget, chunk) if chunk and chunk > 0 else budget
-        running = len(sched.running_batch.reqs) if sched.running_batch is not None else 0
-        return cls({r.rid: i for i, r in enumerate(q)}, list(q), after, len(q), running,
+        return cls({r.rid: i for i, r in enumerate(q)}, list(q), after, len(q), running(sched),
                    after[0] / len(q) if q else 1.0, budget, sched.max_running_requests)
 
     def siblings(self, req: Req, ns: tuple, tokens, depth: int, window: int = 64) -> int:
@@ -656,9 +665,7 @@ class _ScanView:
              arrival_rate: float = 0.0) -> RoundView:
         run = adder.can_run_list
         i = self.pos.get(req.rid, self.queued - 1)
-        left = adder.rem_input_tokens
-        if adder.rem_chunk_tokens is not None:
-            left = min(left, adder.rem_chunk_tokens)
+        left = budget_left(adder)
         selected = sum(1 for r in run if r.rid in self.pos)
         return RoundView(
             rows=len(run), behind=self.queued - selected + self.running,
