@@ -181,3 +181,29 @@ def test_the_burst_is_requests_per_registration_time():
             a.add(t, 300)
     a.add(0.2, 300)
     assert a.burst() == pytest.approx(9 / 3)
+
+
+def test_the_window_totals_match_a_recount_after_every_registration_and_prune():
+    """ArrivalRate keeps running totals (O(1) reads on every hold decision): after random
+    registrations in clock order (several per instant) and reads at later times, its rate,
+    mean length and burst equal a recount of the window's entries."""
+    import random
+
+    rng = random.Random(7)
+    a = ArrivalRate(window_s=1.0, min_s=0.1)
+    log: list[tuple[float, int]] = []
+    t = now = 0.0
+    for _ in range(400):
+        t = max(t, now) + rng.choice((0.0, 0.0, 0.01, 0.05, 0.3))
+        n = rng.randint(1, 4000)
+        a.add(t, n)
+        log.append((t, n))
+        now = t + rng.choice((0.0, 0.2, 0.9, 1.5))  # NOTE: the clock never goes back
+        live = [(s, m) for s, m in log if s > now - 1.0]
+        span = min(1.0, max(0.1, now - log[0][0]))
+        assert a.rate(now) == pytest.approx(len(live) / span)
+        if live:
+            assert a.mean_length() == pytest.approx(sum(m for _, m in live) / len(live))
+            assert a.burst() == pytest.approx(len(live) / len({s for s, _ in live}))
+        else:
+            assert (a.mean_length(), a.burst()) == (0.0, 1.0)

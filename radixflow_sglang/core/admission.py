@@ -11,6 +11,7 @@ tensor-parallel rank, so the adapter shares rank 0's decision through `Agreement
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,20 +96,31 @@ class ArrivalRate:
 
     def __init__(self, window_s: float = 5.0, min_s: float = 0.5) -> None:
         self.window_s, self.min_s = window_s, min_s
-        self._seen: list[tuple[float, int]] = []
+        # NOTE: running totals make every read O(1) (a hold decision reads them each pass);
+        # registrations come in clock order, so one arrival's requests are consecutive
+        self._seen: deque[tuple[float, int]] = deque()
+        self._groups: deque[list] = deque()  # [time, requests registered at it]
+        self._length = 0  # summed lengths in the window
         self._first: float | None = None
 
     def add(self, t: float, length: int) -> None:
         if self._first is None:
             self._first = t
         self._seen.append((t, length))
+        self._length += length
+        if self._groups and self._groups[-1][0] == t:
+            self._groups[-1][1] += 1
+        else:
+            self._groups.append([t, 1])
 
     def _prune(self, now: float) -> None:
         cut = now - self.window_s
-        k = 0
-        while k < len(self._seen) and self._seen[k][0] <= cut:
-            k += 1
-        del self._seen[:k]
+        while self._seen and self._seen[0][0] <= cut:
+            self._length -= self._seen.popleft()[1]
+            g = self._groups[0]
+            g[1] -= 1
+            if not g[1]:
+                self._groups.popleft()
 
     def rate(self, now: float) -> float:
         self._prune(now)
@@ -118,12 +130,12 @@ class ArrivalRate:
         return len(self._seen) / span
 
     def mean_length(self) -> float:
-        return sum(n for _, n in self._seen) / len(self._seen) if self._seen else 0.0
+        return self._length / len(self._seen) if self._seen else 0.0
 
     def burst(self) -> float:
         """Requests per arrival in the window: those registered at one time (one pass) arrive
         together (1.0 before any)."""
-        return len(self._seen) / len({t for t, _ in self._seen}) if self._seen else 1.0
+        return len(self._seen) / len(self._groups) if self._seen else 1.0
 
 
 Agreement = Callable[[Decision], Decision]  # shares one rank's decision with the others
