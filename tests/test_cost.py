@@ -766,6 +766,13 @@ def test_a_learned_cut_pays_only_when_the_saved_recompute_outweighs_its_round():
     # monotone: more behind, more users, a longer gain only make it pay more
     assert cut_pays(big, gain=327, rest=28, behind=7, users=1.0)
     assert not cut_pays(big, gain=327, rest=28, behind=0, users=1.0)
+    # a cut that only breaks even (saves ~1.04 rounds) moves a round onto one question for
+    # nothing in the mean: declined (traced: nemotron-9b race, alpha 50 ms, a 322-token
+    # document end, 3 behind: ratio 1.00, p95 1.47x stock); cut without the margin
+    nemo = CostCoeffs(0.049, 3.93e-5, 1e-3)
+    assert not cut_pays(nemo, gain=340, rest=33, behind=3, users=1.0)
+    assert cut_pays(nemo, gain=340, rest=33, behind=3, users=1.0, margin=1.0)
+    assert cut_pays(nemo, gain=440, rest=33, behind=3, users=1.0)  # 1.35 rounds: cut
     # under a backlog rounds run full: a recomputed token also carries alpha / T of a round
     # (traced: qwen3.5-0.8b quality rate 10, alpha 100 ms, a ~2,950-token document end)
     doc = CostCoeffs(0.1, QWEN_08B.beta, QWEN_08B.gamma)

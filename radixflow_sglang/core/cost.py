@@ -407,8 +407,13 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
     return extra * present < host_s + c(1, 0)
 
 
+# NOTE: a learned cut must save a quarter more than its round (docs/design.md, "A learned cut
+# must pay"): its round lands whole on one question, its saving is spread and expected
+CUT_MARGIN = 1.25
+
+
 def cut_pays(c: CostCoeffs, gain: int, rest: int, behind: int, users: float,
-             backlog_budget: int = 0) -> bool:
+             backlog_budget: int = 0, margin: float = CUT_MARGIN) -> bool:
     """no_buffer: whether cutting a request's extend at a *learned* boundary pays
     (docs/design.md, "The wait decision", "A cut that must pay"). The cut ends the extend at
     the boundary, `gain` tokens past its ready prefix, and runs its `rest` next round: the
@@ -423,11 +428,15 @@ def cut_pays(c: CostCoeffs, gain: int, rest: int, behind: int, users: float,
     left (0: no backlog). Under a backlog a recomputed token displaces a token of queued work,
     and rounds run full: each token then also carries alpha / T of a round's fixed cost
     (qwen3.5-0.8b quality no_buffer, ~2,950-token documents at rate 10: without it the cut was
-    declined and the later questions' recomputes cost 1.24x stock at alpha 100 ms)."""
+    declined and the later questions' recomputes cost 1.24x stock at alpha 100 ms).
+    The saving must exceed the round `margin` times (`CUT_MARGIN`): a cut that only breaks
+    even moves a whole round onto one question to spread it, in expectation, over later
+    ones: the mean stays and that question becomes the tail (nemotron-9b race, alpha 50 ms:
+    saving/round 1.00, mean 1.00x, p95 1.47x stock)."""
     if users <= 0 or gain <= 0:
         return False
     per_token = c.beta + (c.alpha / backlog_budget if backlog_budget > 0 else 0.0)
-    return min(users, 1.0) * per_token * gain * (1 + behind) > c(1, rest)
+    return min(users, 1.0) * per_token * gain * (1 + behind) > margin * c(1, rest)
 
 
 def measured(c: CostCoeffs) -> bool:
