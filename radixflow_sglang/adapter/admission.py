@@ -119,15 +119,16 @@ class AdmissionHold:
         busy = (not running_batch.is_empty() or sched.chunked_req is not None
                 or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
         rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
-        budget, chunk = sched.max_prefill_tokens, sched.chunked_prefill_size
-        budget = min(budget, chunk) if chunk and chunk > 0 else budget
-        residual = sum(len(r.origin_input_ids) + len(r.output_ids) for r in queue)
+        from .runtime import req_len, round_budget  # NOTE: runtime imports this module
+
+        budget = round_budget(sched)
+        residual = sum(req_len(r) for r in queue)
         if residual >= budget and not busy:  # NOTE: match only when the bound alone can't decide
             residual = 0
             for r in queue:
                 r.init_next_round_input(sched.tree_cache, cow_mamba=False)
                 self.release(sched, r)
-                residual += len(r.origin_input_ids) + len(r.output_ids) - r.prefix_len
+                residual += req_len(r) - r.prefix_len
                 if residual >= budget:
                     # NOTE: the gate only asks whether the residual fills the budget (core/
                     # admission.py rule c), and the sum only grows: the rest need no match

@@ -63,6 +63,12 @@ def running(sched: Scheduler) -> int:
     return len(sched.running_batch.reqs) if sched.running_batch is not None else 0
 
 
+def round_budget(sched: Scheduler) -> int:
+    """A prefill round's token budget T: max_prefill_tokens, capped by the chunk size if set."""
+    budget, chunk = sched.max_prefill_tokens, sched.chunked_prefill_size
+    return min(budget, chunk) if chunk and chunk > 0 else budget
+
+
 def budget_left(adder: PrefillAdder) -> int:
     """Prefill tokens this round can still take: the input budget, and the chunk's if set."""
     left = adder.rem_input_tokens
@@ -638,11 +644,9 @@ class _ScanView:
         after = [0] * (len(lens) + 1)
         for i in range(len(lens) - 1, -1, -1):
             after[i] = after[i + 1] + lens[i]
-        chunk = sched.chunked_prefill_size
-        budget = sched.max_prefill_tokens
-        budget = min(budget, chunk) if chunk and chunk > 0 else budget
         return cls({r.rid: i for i, r in enumerate(q)}, list(q), after, len(q), running(sched),
-                   after[0] / len(q) if q else 1.0, budget, sched.max_running_requests)
+                   after[0] / len(q) if q else 1.0, round_budget(sched),
+                   sched.max_running_requests)
 
     def siblings(self, req: Req, ns: tuple, tokens, depth: int, window: int = 64) -> int:
         """Queued requests after `req` (the next `window`) in its cache namespace that share its
