@@ -19,6 +19,8 @@ from radixflow_sglang.core.boundary import (
     FORK,
     BoundaryLearner,
     MarkerLearner,
+    common_runs,
+    longest_common_run,
     optimal_placement,
     place,
     publish_at,
@@ -615,6 +617,88 @@ def test_second_question_hits_the_document_end_learned_from_other_documents(layo
     assert all(ready == 0 for d, q, _, ready, _ in stock if d >= 3)
     assert sum(r[4] for r in res) < sum(r[4] for r in stock)
 
+
+
+# --- template pieces: the document end before any fork shows it (`MarkerLearner.infer`) -----
+END = [11, 12, 21, 22]  # "\n\n" + "Question:"
+
+
+def _tail(doc: list[int], question: list[int], option: list[int]) -> list[int]:
+    return doc + END + question + [31, 32] + option + [41, 42, 43]  # [41, 42, 43]: a check
+
+
+def test_common_runs_are_bounded_template_text_and_related_tails_teach_nothing():
+    a = (1, 2, 3) + tuple(END) + (4, 5, 31, 32, 6, 41, 42, 43)
+    b = (7, 8) + tuple(END) + (9, 31, 32, 10, 11, 41, 42, 43)
+    # "\n\nQuestion:" is followed by different text in both; the check ends both: not a piece;
+    # [31, 32] is shorter than 3 tokens
+    assert common_runs(a, b, 3) == [tuple(END)]
+    sibling = a[2:-4] + (50, 41, 42, 43)  # shares text reaching the start of the window
+    assert common_runs(sibling, a, 3) is None
+    assert common_runs(a[3:], a, 3) is None
+    assert common_runs((1, 2, 3), (4, 5, 6), 3) == []
+    assert longest_common_run((9, 11, 12, 21, 22, 5), (11, 12, 21, 22, 7)) == (4, 1)
+
+
+def test_pieces_from_two_documents_find_the_third_documents_end():
+    ml = MarkerLearner(window=32)
+    rng = random.Random(0)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(1000, 200_000) for _ in range(n)]
+
+    q0 = _tail(rand(40), rand(8), rand(5))
+    assert ml.infer(q0) == [] and ml.pieces == []  # nothing to compare with yet
+    sib = q0[:-8] + rand(5) + [41, 42, 43]
+    assert ml.infer(sib) == [] and len(ml._tails) == 1  # a sibling: related, not kept
+    assert ml.markers == []  # NOTE: forks are the tree's to show (`observe`)
+    assert ml.infer(q0) == []  # the same request again (its next chunk)
+    q1 = _tail(rand(50), [7] + rand(8), rand(6))
+    touched = ml.infer(q1)
+    assert [m.tokens for m in touched] == [tuple(END)] and touched[0].support == 1
+    doc = rand(60)
+    new = _tail(doc, [7] + rand(9), rand(4))  # its question starts as q1's did
+    assert ml.candidates(new, 0, len(new)) == [(len(doc) + 4, touched[0])]
+    assert ml.candidates(new, 0, len(new), pieces=False) == []  # no_buffer: markers only
+    ml.infer(new)  # the run is END + [7]: it merges into END (what the documents share)
+    assert ml.pieces[0].tokens == tuple(END) and ml.pieces[0].support == 3
+    assert ml.candidates(new, 0, len(doc) + 3) == []  # not in the extend: no candidate
+
+
+def test_pieces_count_once_per_pair_and_need_support():
+    ml = MarkerLearner(window=64, piece_support=2)
+    a = [100, 101] + END + [1, 2, 3, 4] + END + [5, 6, 7, 41, 42, 43]
+    b = [200, 201] + END + [8, 9, 10] + [41, 42, 43, 44]
+    ml.infer(a)
+    ml.infer(b)  # END occurs twice in a: still one pair
+    assert [(m.tokens, m.support) for m in ml.pieces] == [(tuple(END), 1)]
+    assert ml.candidates(b, 0, len(b)) == []  # support 1 < 2
+    ml.infer([300, 301] + END + [12, 13, 41, 42, 43])
+    assert ml.pieces[0].support == 3 and ml.candidates(b, 0, len(b)) == [(6, ml.pieces[0])]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_second_question_hits_the_document_end_inferred_before_any_fork(layout):
+    """No same-document question ran before: the template piece after the document comes from
+    two other documents' questions (`infer`). extra_buffer: the second document's first
+    question already moves its one state to its own document end and its second question
+    resumes there. no_buffer: publishing there costs a cut (a round), which a guessed piece
+    never makes; the tree's forks take over as before."""
+    G = grid_of()
+    kit = make("radixflow", "learned", layout)
+    res = doc_questions(kit, 4, 2)
+    pub = kit.runtime.boundary
+    # NOTE: before document 1's first question only document 0's own fork was seen (its 16
+    # tokens are document 0's): without the piece, document 1's second question resumed at 0
+    assert [p.tokens for p in pub.markers.pieces] == [tuple(END)]
+    second = {d: (D, ready) for d, q, D, ready, _ in res if q == 1}
+    if layout == "extra_buffer":
+        assert all(second[d] == (D, (D + 2) // G * G) for d, (D, _) in second.items() if d)
+    else:
+        assert second[1][1] == 0  # NOTE: the piece is not a candidate: it would cost a cut
+        # NOTE: two documents' forks merge into the template's marker: an observed fork cuts
+        assert all(second[d] == (D, D + 2) for d, (D, _) in second.items() if d >= 2)
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
 def figures() -> None:
     """Counts of followers with 0 cached tokens, scheduled tokens and rounds vs stock."""

@@ -157,6 +157,8 @@ class BoundaryPublisher:
             self.learner.observe(ns, prefix, key, branching,
                                  self._is_repeat(tokens, ns, prefix, key))
             self._observe_fork(req, tokens, tree, prefix, branching)
+            if self.markers is not None:
+                self.markers.infer(tokens)  # NOTE: template pieces, before any fork shows them
         if prefix > 0 and self.usage.watching(prefix):
             self.usage.hit(_key(ns, tokens, prefix))
         if prefix > 0 and self.markers is not None:
@@ -262,7 +264,10 @@ class BoundaryPublisher:
         from .runtime import req_tokens
 
         tokens = req_tokens(req)
-        cands = self.markers.candidates(tokens, prefix, prefix + extend)
+        # NOTE: template pieces are guesses: extra_buffer moves its one state for free, a
+        # no_buffer cut costs the request a round (docs/design.md, "A guess never costs a round")
+        cands = self.markers.candidates(tokens, prefix, prefix + extend,
+                                        pieces=self.grid.layout is Layout.EXTRA_BUFFER)
         if not cands:
             return None
         points = []
@@ -485,7 +490,8 @@ def _key(ns, tokens, depth: int) -> tuple:
 
 def cut_chunk(req: Req, depth: int, adder: PrefillAdder) -> None:
     """End `req`'s extend at `depth` as SGLang's one chunked request, returning the compute
-    budget the cut frees (as adapter/runtime.py `_apply_fork` does for a no_buffer fork)."""
+    budget the cut frees: a boundary's cut, and a no_buffer fork's (adapter/runtime.py
+    `_apply_fork`)."""
     from .runtime import _compute_charge
 
     assert depth % adder.page_size == 0 and req.prefix_len < depth < req.extend_end

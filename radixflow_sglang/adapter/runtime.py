@@ -32,7 +32,7 @@ from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfi
 from . import check_sglang_version
 from .admission import AdmissionHold, Sleep
 from .agreement import local_share
-from .boundary import BoundaryPublisher
+from .boundary import BoundaryPublisher, cut_chunk
 
 check_sglang_version()
 
@@ -565,23 +565,12 @@ class RadixFlowRuntime:
             # NOTE: read by ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend.
             req.mamba_branching_seqlen = p.publish
             return
-        cut = req.extend_end - p.publish  # no_buffer: end this extend at the fork as a chunk
-        if cut <= 0:
-            return
+        if req.extend_end <= p.publish:
+            return  # NOTE: no_buffer: the extend already ends at the fork
         assert adder.new_chunked_req in (None, req)
-        assert p.publish % adder.page_size == 0  # Grid.fork_depth cuts on a page
         self._fork_chunk = req
-        old = req.extend_end - req.prefix_len
-        req.extend_end = p.publish
+        cut_chunk(req, p.publish, adder)  # NOTE: Grid.fork_depth cuts on a page
         p.extend = p.publish - p.prefix
-        adder.new_chunked_req = req
-        # NOTE: give back the compute budget _update_prefill_budget charged (page-ceiled unless
-        # exact_chunk_fill); KV stays reserved: conservative, never short.
-        refund = _compute_charge(adder, old) - _compute_charge(adder, p.extend)
-        adder.rem_input_tokens += refund
-        if adder.rem_chunk_tokens is not None:
-            adder.rem_chunk_tokens += refund
-        adder.log_input_tokens -= cut
 
     @staticmethod
     def _no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder,

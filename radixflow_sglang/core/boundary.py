@@ -339,6 +339,12 @@ class MarkerLearner:
     support: int = 1  # NOTE: one fork's 16 tokens are specific; merged markers have >= 2
     limit: int = 16  # markers kept (the least supported replaced)
     markers: list[Marker] = field(default_factory=list)
+    # template pieces (`infer`): text that unrelated requests share between their variable parts
+    window: int = 128  # tokens at a request's end compared
+    keep: int = 8  # tails kept, one per unrelated request
+    piece_support: int = 1  # pairs of unrelated requests a piece was seen in before it is used
+    pieces: list[Marker] = field(default_factory=list)
+    _tails: deque = field(default_factory=deque)
 
     def observe(self, tokens: Sequence[int], hit: int) -> Marker | None:
         """A fork at exact depth `hit` of `tokens`; returns the marker it joined or started."""
@@ -358,23 +364,126 @@ class MarkerLearner:
         self.markers.append(m)
         return m
 
-    def candidates(self, tokens, lo: int, hi: int) -> list[tuple[int, Marker]]:
+    def infer(self, tokens: Sequence[int]) -> list[Marker]:
+        """Template pieces from a request's last `window` tokens, before any fork shows them
+        (a document's first question, when no earlier question shared a document): the runs
+        of >= `min_len` tokens it shares with the tail of an unrelated earlier request, with
+        different text on both sides of the run in both (a template's fixed text between
+        its variable parts: "\n\n" + "Question:" after a document). A run merges into the
+        piece it shares >= `min_len` consecutive tokens with (shrinking to them: the text a
+        variable part happens to start or end with falls away); a piece seen in
+        `piece_support` pairs is used as a marker. A tail that shares text reaching the start
+        of the window with a kept one (a sibling, the same document's next question, a chunk
+        of the same request, an identical prompt) is related and teaches nothing. Returns the
+        pieces this request touched."""
+        tail = tuple(tokens[-self.window:])
+        if len(tail) <= self.min_len or tail in self._tails:
+            return []
+        index = _kgram_index(tail, self.min_len)
+        pairs = []
+        for old in reversed(self._tails):  # NOTE: newest first: a sibling relates to it
+            runs = common_runs(tail, old, self.min_len, index)
+            if runs is None:
+                return []
+            pairs.append(runs)
+        self._tails.append(tail)
+        if len(self._tails) > self.keep:
+            self._tails.popleft()
+        touched: list[Marker] = []
+        for runs in pairs:
+            seen: set[int] = set()  # NOTE: a piece counts once per pair
+            for run in runs:
+                m = self._piece(run, seen)
+                if m is not None and all(m is not t for t in touched):
+                    touched.append(m)
+        return touched
+
+    def _piece(self, run: tuple[int, ...], seen: set[int]) -> Marker | None:
+        best, n, at = None, 0, 0
+        for m in self.pieces:
+            k, i = longest_common_run(m.tokens, run)
+            if k > n:
+                best, n, at = m, k, i
+        if best is not None and n >= self.min_len:
+            if id(best) in seen:
+                return None
+            seen.add(id(best))
+            if n < len(best.tokens):
+                best.tokens, best._needle = best.tokens[at:at + n], b""
+            best.support += 1
+            return best
+        if len(self.pieces) >= self.limit:
+            low = min(range(len(self.pieces)), key=lambda i: self.pieces[i].support)
+            del self.pieces[low]
+        m = Marker(run)
+        self.pieces.append(m)
+        seen.add(id(m))
+        return m
+
+    def candidates(self, tokens, lo: int, hi: int,
+                   pieces: bool = True) -> list[tuple[int, Marker]]:
         """(depth right after the marker's last occurrence in tokens[lo:hi], marker) for each
-        learned marker that occurs there."""
-        out = []
+        learned marker, then (`pieces`) each learned template piece at a depth no marker
+        gave, that occurs there."""
+        out: list[tuple[int, Marker]] = []
         hay = None
-        for m in self.markers:
-            if m.support < self.support:
-                continue
+        learned = [m for m in self.markers if m.support >= self.support]
+        if pieces:
+            learned += [m for m in self.pieces if m.support >= self.piece_support]
+        for m in learned:
             if hay is None:
                 arr = tokens[:hi]
                 if not (isinstance(arr, array) and arr.typecode == "q"):
                     arr = array("q", arr)
                 hay = arr.tobytes()
             pos = _rfind_aligned(hay, m.needle(), lo * 8)
-            if pos is not None:
+            if pos is not None and all(d != pos // 8 + len(m.tokens) for d, _ in out):
                 out.append((pos // 8 + len(m.tokens), m))
         return out
+
+
+def _kgram_index(a: tuple[int, ...], k: int) -> dict[tuple[int, ...], list[int]]:
+    index: dict[tuple[int, ...], list[int]] = {}
+    for i in range(len(a) - k + 1):
+        index.setdefault(a[i:i + k], []).append(i)
+    return index
+
+
+def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
+                index: dict | None = None) -> list[tuple[int, ...]] | None:
+    """The maximal common runs of >= k tokens of `a` and `b` that are followed by different
+    tokens in both (something variable comes after them), in `b`'s order; None when a common
+    run touches the start of either (the two share text that may reach further back: they
+    are related, not two instances of a template). `index`: `_kgram_index(a, k)`."""
+    index = _kgram_index(a, k) if index is None else index
+    runs = []
+    for j in range(len(b) - k + 1):
+        for i in index.get(b[j:j + k], ()):
+            if i and j and a[i - 1] == b[j - 1]:
+                continue  # NOTE: inside a run found at an earlier j
+            if i == 0 or j == 0:
+                return None
+            n = k
+            while i + n < len(a) and j + n < len(b) and a[i + n] == b[j + n]:
+                n += 1
+            if i + n < len(a) and j + n < len(b):
+                runs.append(a[i:i + n])
+    return runs
+
+
+def longest_common_run(a: Sequence[int], b: Sequence[int]) -> tuple[int, int]:
+    """(length, start in `a`) of the longest run of tokens `a` and `b` both contain."""
+    best, at = 0, 0
+    prev = [0] * (len(b) + 1)
+    for i, x in enumerate(a):
+        cur = [0] * (len(b) + 1)
+        for j, y in enumerate(b):
+            if x == y:
+                cur[j + 1] = prev[j] + 1
+                if cur[j + 1] > best:
+                    best, at = cur[j + 1], i + 1 - cur[j + 1]
+        prev = cur
+    return best, at
 
 
 def _rfind_aligned(hay: bytes, needle: bytes, start: int) -> int | None:
