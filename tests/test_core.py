@@ -504,6 +504,33 @@ def test_no_buffer_fork_slots_one_producer_per_round():
     assert t.fork_slots == 1
 
 
+def test_no_buffer_fork_cut_goes_to_the_producers_mark_below_the_fork():
+    """A learned document end (Producer.mark) below the consumers' fork takes the cut the
+    traversal makes for them anyway; a mark at or past the fork, or none, leaves the fork."""
+    doc_end = len(DOC) - 200
+    for mark, want in ((doc_end, doc_end), (len(DOC), len(DOC)), (len(DOC) + 50, len(DOC)),
+                       (None, len(DOC)), (0, len(DOC))):
+        t = traversal(Layout.NO_BUFFER, slots=1)
+        p = producer_for(t, "P", P_TOK)
+        p.mark = mark
+        t.admitted(p)
+        c = cand("A", A_TOK)
+        b = t.classify(c)
+        assert (b.depth, b.fork) == (want, True)
+        assert t.park(c, b) and p.publish == want
+        # NOTE: a later sibling is Blocked on the published depth, no second fork
+        b2 = t.classify(cand("A2", DOC + toks(7000, 90)))
+        assert (b2.depth, b2.fork) == (want, False) and t.stats.forks == 1
+    # NOTE: a mark less than theta past the consumer's ready prefix keeps the fork: there the
+    # consumer would not be Blocked at all and would recompute the whole fork instead of waiting
+    t = traversal(Layout.NO_BUFFER, slots=1)
+    p = producer_for(t, "P", P_TOK)
+    p.mark = t.cfg.theta - 1
+    t.admitted(p)
+    b = t.classify(cand("A", A_TOK))
+    assert (b.depth, b.fork) == (len(DOC), True)
+
+
 def test_no_buffer_zero_slots_blocks_only_on_planned_publish():
     t = traversal(Layout.NO_BUFFER, slots=0)
     t.admitted(producer_for(t, "P", DOC))  # publishes at its end = the whole doc

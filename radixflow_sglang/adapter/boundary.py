@@ -109,10 +109,11 @@ class BoundaryPublisher:
         self.markers = MarkerLearner() if self.learned else None
         self._marked: dict[tuple, tuple] = {}  # key -> (marker, siblings queued then)
         self._chosen: dict = {}  # depth -> marker, of the last marker target
+        self._fork_marks: dict[str, tuple[int, object]] = {}  # rid -> (depth, marker), a scan
         self._selected: set[str] = set()  # rids selected this scan
         self.keep_end = keep_end
         self.cost = cost
-        self.moved = {"declared": 0, "learned": 0, "marker": 0, "repeat": 0}
+        self.moved = {"declared": 0, "learned": 0, "marker": 0, "repeat": 0, "fork_mark": 0}
         self.deferred = 0  # rounds requests were deferred for the chunk slot (no_buffer)
         self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
         self.unpaid = 0  # no_buffer learned cuts not made: the round costs more than they save
@@ -137,6 +138,7 @@ class BoundaryPublisher:
         self._groups = {}
         self._serving = set()
         self._selected = set()
+        self._fork_marks = {}
         if len(self._hashes) > 8 * len(self._queue) + 4096:
             live = self._queue_rids
             self._hashes = {k: v for k, v in self._hashes.items() if k[0] in live}
@@ -178,9 +180,43 @@ class BoundaryPublisher:
                 self._done.pop(next(iter(self._done)))
         else:
             depth = None
+            self._fork_mark(req, ns, prefix, end - prefix, native_branch)
         if self.learner is not None:
             self._record(req, tokens, ns, depth, native_branch, source)
         return depth
+
+    def _fork_mark(self, req: Req, ns, prefix: int, extend: int, native_branch: bool) -> None:
+        """no_buffer, nothing published: the marker depth (template pieces included) where a
+        fork cut would serve more than at the fork, for `fork_mark` (docs/design.md, "A cut the
+        traversal makes anyway")."""
+        if (self.grid.layout is not Layout.NO_BUFFER or self.markers is None or native_branch
+                or (self.declared and declared_boundary(req) is not None)):
+            return
+        native = self.grid.planned_depth(prefix, extend, None)
+        d = self._marker_target(req, ns, prefix, extend, native, pieces=True)
+        if d is not None and d in self._chosen:
+            self._fork_marks[req.rid] = (d, self._chosen[d])
+
+    def fork_mark(self, rid: str) -> int | None:
+        """The depth a fork cut of `rid` should go to instead of its consumers' fork (core
+        Producer.mark), or None."""
+        m = self._fork_marks.get(rid)
+        return None if m is None else m[0]
+
+    def fork_cut(self, req: Req, tokens, ns, depth: int) -> None:
+        """The traversal cut `req` at its fork mark for waiting consumers: book it as a
+        marker publication (its later reuse teaches the marker's usage rate)."""
+        m = self._fork_marks.pop(req.rid, None)
+        if m is None or m[0] != depth:
+            return
+        self.moved["fork_mark"] += 1
+        key = self._key_of(req, tokens, ns, depth)
+        self._mark(req, tokens, ns, depth, key, m[1])
+        self._serving.add(key)
+        self._done[key] = None
+        self.usage.published(key, depth)
+        if len(self._done) > KEYS:
+            self._done.pop(next(iter(self._done)))
 
     def _is_repeat(self, tokens, ns, prefix: int, key: tuple | None) -> bool:
         """Was this request's whole matchable prompt (length - 1) cached already? Its ready
@@ -256,9 +292,10 @@ class BoundaryPublisher:
             self.markers.observe(tokens, hit)  # NOTE: capped at len - 1: a repeat, no fork
 
     def _marker_target(self, req: Req, ns, prefix: int, extend: int,
-                       native: int | None) -> int | None:
+                       native: int | None, pieces: bool | None = None) -> int | None:
         """A depth right after a learned marker, where the one state serves more requests than
-        where it would go (core/boundary.py `place`), or None."""
+        where it would go (core/boundary.py `place`), or None. `pieces`: template pieces are
+        candidates too (default: extra_buffer only)."""
         if native is None:
             return None
         from .runtime import req_tokens
@@ -266,8 +303,9 @@ class BoundaryPublisher:
         tokens = req_tokens(req)
         # NOTE: template pieces are guesses: extra_buffer moves its one state for free, a
         # no_buffer cut costs the request a round (docs/design.md, "A guess never costs a round")
-        cands = self.markers.candidates(tokens, prefix, prefix + extend,
-                                        pieces=self.grid.layout is Layout.EXTRA_BUFFER)
+        if pieces is None:
+            pieces = self.grid.layout is Layout.EXTRA_BUFFER
+        cands = self.markers.candidates(tokens, prefix, prefix + extend, pieces=pieces)
         if not cands:
             return None
         points = []
@@ -305,12 +343,12 @@ class BoundaryPublisher:
         ev = self.learner.events(ns)
         return sum(1 for _, k in ev if k == CONTINUATION) / len(ev) if ev else 0.0
 
-    def _mark(self, req: Req, tokens, ns, depth: int, key: tuple) -> None:
+    def _mark(self, req: Req, tokens, ns, depth: int, key: tuple, marker=None) -> None:
         """Watch a state published after a marker: used when a later request (not a sibling
         queued now) resumes from it."""
         from .runtime import req_tokens
 
-        marker = self._chosen.get(depth)
+        marker = marker or self._chosen.get(depth)
         if marker is None:
             return
         sibs = frozenset(r.rid for r in self._queue if r is not req
@@ -476,7 +514,7 @@ class BoundaryPublisher:
     def summary(self) -> dict:
         return {"mode": self.mode, "moved_declared": self.moved["declared"],
                 "moved_learned": self.moved["learned"], "moved_marker": self.moved["marker"],
-                "moved_repeat": self.moved["repeat"],
+                "moved_repeat": self.moved["repeat"], "fork_marks": self.moved["fork_mark"],
                 "deferred": self.deferred,
                 "cuts_skipped": self.skipped, "cuts_unpaid": self.unpaid,
                 "reused_share": round(self.usage.rate, 3)}

@@ -542,7 +542,7 @@ class RadixFlowRuntime:
         # `source` lets the index reuse the chain hashed while the request waited
         tokens = req_tokens(req)
         return Producer(req.rid, namespace(req), tokens[:end], prefix, extend, publish,
-                        movable, source=tokens)
+                        movable, source=tokens, mark=self.boundary.fork_mark(req.rid))
 
     def _inflight(self, sched: Scheduler) -> list[Producer]:
         """Producers of extend batches whose results are not processed yet (overlap loop)."""
@@ -571,6 +571,8 @@ class RadixFlowRuntime:
         self._fork_chunk = req
         cut_chunk(req, p.publish, adder)  # NOTE: Grid.fork_depth cuts on a page
         p.extend = p.publish - p.prefix
+        if p.publish == p.mark:
+            self.boundary.fork_cut(req, req_tokens(req), namespace(req), p.publish)
 
     @staticmethod
     def _no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder,

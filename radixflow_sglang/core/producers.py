@@ -23,6 +23,9 @@ class Producer:
     publish: int | None  # planned publish depth; None = publishes nothing
     movable: bool  # its publish depth may still be moved (admitted this scan)
     forked: bool = False  # moved to publish at a fork point
+    # NOTE: no_buffer: a learned document end below its fork where the one state serves more;
+    # a fork cut the traversal makes anyway for waiting consumers goes there (costs no round)
+    mark: int | None = None
     consumers: list[str] = field(default_factory=list)
     # NOTE: the request's whole token object (`tokens` is its prefix): its cached chain is reused
     source: Sequence[int] | None = None

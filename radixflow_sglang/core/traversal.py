@@ -149,6 +149,11 @@ class Traversal:
             depth, fork = g.fork_depth(p.prefix, p.extend, reach), True
             if depth is None or (g.layout is Layout.EXTRA_BUFFER and depth - p.prefix < g.size):
                 return None
+            if p.mark is not None and p.prefix < p.mark < depth and \
+                    p.mark - c.ready >= self.cfg.theta:
+                # NOTE: the cut serves later questions too (Producer.mark); a mark within theta
+                # of the ready prefix would turn a waiting consumer into a recompute
+                depth = p.mark
         else:
             return None
         if depth - c.ready < self.cfg.theta:
