@@ -169,15 +169,8 @@ class BoundaryPublisher:
         depth, source = self._target(req, ns, prefix, end - prefix, native_branch)
         if depth is not None and self._publish(req, tokens, ns, depth, adder, cut_ok,
                                                learned=source != "declared"):
-            self.moved[source] += 1
-            key = self._key_of(req, tokens, ns, depth)
-            if source == "marker":
-                self._mark(req, tokens, ns, depth, key)
-            self._serving.add(key)
-            self._done[key] = None
-            self.usage.published(key, depth)
-            if len(self._done) > KEYS:
-                self._done.pop(next(iter(self._done)))
+            marker = self._chosen.get(depth) if source == "marker" else None
+            self._published(req, tokens, ns, depth, source, marker)
         else:
             depth = None
             self._fork_mark(req, ns, prefix, end - prefix, native_branch)
@@ -207,11 +200,16 @@ class BoundaryPublisher:
         """The traversal cut `req` at its fork mark for waiting consumers: book it as a
         marker publication (its later reuse teaches the marker's usage rate)."""
         m = self._fork_marks.pop(req.rid, None)
-        if m is None or m[0] != depth:
-            return
-        self.moved["fork_mark"] += 1
+        if m is not None and m[0] == depth:
+            self._published(req, tokens, ns, depth, "fork_mark", m[1])
+
+    def _published(self, req: Req, tokens, ns, depth: int, source: str, marker) -> None:
+        """Book a state `req` publishes at `depth` (`source` counts it in `moved`; a `marker`
+        watches its reuse)."""
+        self.moved[source] += 1
         key = self._key_of(req, tokens, ns, depth)
-        self._mark(req, tokens, ns, depth, key, m[1])
+        if marker is not None:
+            self._mark(req, tokens, ns, depth, key, marker)
         self._serving.add(key)
         self._done[key] = None
         self.usage.published(key, depth)
@@ -343,14 +341,11 @@ class BoundaryPublisher:
         ev = self.learner.events(ns)
         return sum(1 for _, k in ev if k == CONTINUATION) / len(ev) if ev else 0.0
 
-    def _mark(self, req: Req, tokens, ns, depth: int, key: tuple, marker=None) -> None:
-        """Watch a state published after a marker: used when a later request (not a sibling
+    def _mark(self, req: Req, tokens, ns, depth: int, key: tuple, marker) -> None:
+        """Watch a state published after `marker`: used when a later request (not a sibling
         queued now) resumes from it."""
         from .runtime import req_tokens
 
-        marker = marker or self._chosen.get(depth)
-        if marker is None:
-            return
         sibs = frozenset(r.rid for r in self._queue if r is not req
                          and req_tokens(r)[:depth] == tokens[:depth])
         marker.usage.published(key, depth)
