@@ -663,6 +663,7 @@ def _all_metrics(result: ArmResult, branches: dict[str, _Branch], rt, leaks: dic
     m["forks"] = totals.forks if totals else 0
     m["released_by_bound"] = totals.released_by_bound if totals else 0
     m["frag_deferred"] = totals.frag_deferred if totals else 0
+    m["newcomer_deferred"] = totals.newcomer_deferred if totals else 0
     m["held_iterations"] = getattr(rt, "held_iterations", 0) if rt is not None else 0
     m["leaked_kv_slots"] = leaks.get("kv", 0)
     m["leaked_mamba_slots"] = leaks.get("mamba", 0)

@@ -15,6 +15,7 @@ from radixflow_sglang.core.cost import (
     RoundView,
     WaitCase,
     group_wait_wins,
+    newcomer_waits,
     prior_from_geometry,
     wait_wins,
 )
@@ -60,6 +61,27 @@ def test_a_token_bound_round_parks():
     bound = wait_wins(c, case, view(budget_left=700, demand_after=20_000, mean_extend=600.0))
     assert bound.wait  # recomputing would push the same tokens of queued work a round back
     assert bound.recompute_s > free.recompute_s
+
+
+def test_a_newcomer_waits_out_a_released_consumers_round_only_when_its_work_outweighs_a_round():
+    # 3 consumers finish with the round; a 6,000-token document would add ~102 ms to each,
+    # while one more round costs its 8 ms fixed cost to the 4 requests that finish later.
+    assert newcomer_waits(QWEN_4B, 0, 6000, finishing=3, others=4, parked=0, host_s=0.0)
+    assert not newcomer_waits(QWEN_4B, 0, 300, 3, 4, 0, 0.0)  # 3 x 5 ms < 4 x 8 ms
+    assert not newcomer_waits(QWEN_4B, 0, 6000, 0, 4, 0, 0.0)  # nothing finishes with it
+    big_alpha = CostCoeffs(0.1, QWEN_4B.beta, QWEN_4B.gamma)
+    assert not newcomer_waits(big_alpha, 0, 6000, 3, 4, 0, 0.0)  # a round dearer than its work
+    assert not newcomer_waits(QWEN_4B, 0, 6000, 3, 40, 0, 0.0)  # 40 requests pay the round
+    assert not newcomer_waits(QWEN_4B, 0, 6000, 3, 4, 0, 0.075)  # host time: part of a round
+    # parked consumers run in the next round: the newcomer's work lands on them instead
+    assert not newcomer_waits(QWEN_4B, 0, 6000, 3, 4, 3, 0.0)
+    # requests arriving while this round and the newcomer's run pay the extra round too:
+    # ~124 ms of rounds at 100 requests/s is 12 more, at 300/s 37 more
+    assert newcomer_waits(QWEN_4B, 0, 6000, 3, 4, 0, 0.0, 100.0, 3, 300)
+    assert not newcomer_waits(QWEN_4B, 0, 6000, 3, 4, 0, 0.0, 300.0, 3, 300)
+    with_pairs = CostCoeffs(QWEN_4B.alpha, QWEN_4B.beta, QWEN_4B.gamma, 1e-7)
+    assert newcomer_waits(with_pairs, 0, 500, 3, 4, 0, 0.0)  # its attention pairs count too
+    assert not newcomer_waits(QWEN_4B, 0, 500, 3, 4, 0, 0.0)
 
 
 def test_more_requests_behind_make_recomputing_dearer():
@@ -516,6 +538,43 @@ def test_server_prior_reads_the_hf_config_object_sglang_holds(model):
     prior = scheduler_prior(sched)
     assert prior.source == f"prior:{model}"  # not the generic fallback
     assert prior.beta == pytest.approx(default_cost(model).beta, rel=0.1)
+
+
+def _question(k, name: str, doc_len: int, start: int, max_new_tokens: int = 1, head=()):
+    doc = list(head) + list(range(start, start + doc_len))
+    return [k.req(f"{name}{i}", doc + list(range(90_000 + 40 * i, 90_000 + 40 * i + 30)),
+                  max_new_tokens=max_new_tokens) for i in range(4)]
+
+
+@pytest.mark.parametrize("policy, newcomer_len, out, shared, deferred", [
+    ("radixflow", 6000, 1, False, True),
+    ("radixflow-always", 6000, 1, False, False),  # the ablation keeps SGLang's order
+    ("radixflow", 300, 1, False, False),  # a short newcomer joins: its work is less than a round
+    ("radixflow", 6000, 16, False, False),  # the consumers decode on: none finishes with them
+    ("radixflow", 6000, 1, True, False),  # it continues q's document: the traversal's to judge
+])
+def test_kit_a_newcomer_keeps_out_of_a_released_consumers_round(make_kit, policy, newcomer_len,
+                                                               out, shared, deferred):
+    """SGLang's real scan: question q waits a round for its first branch (4,000-token
+    document); question n arrives while that branch runs. Joining the consumers' round would
+    add n's document to the round that finishes q, so n's first branch waits that round out
+    (its consumers with it) when the work outweighs one more round's fixed cost; it runs next
+    round, and its siblings wait for it as usual. A newcomer that shares a prefix with a live
+    producer (here q's document, which q's consumers extend) is not independent: it joins."""
+    k = make_kit("qwen3.5-4b", "extra_buffer", policy)
+    k.runtime.use_prior(QWEN_4B)
+    k.submit(*_question(k, "q", 4000, 1000, out))
+    assert k.step().rids == ["q0"]
+    k.submit(*_question(k, "n", newcomer_len, 20_000, head=range(1000, 5000) if shared else ()))
+    second = k.step()
+    assert sorted(second.rids) == (["q1", "q2", "q3"] if deferred
+                                   else ["n0", "q1", "q2", "q3"])
+    assert k.runtime.totals.newcomer_deferred == (4 if deferred else 0)
+    rest = [sorted(r.rids) for r in k.drain() if r.mode == "prefill"]
+    assert rest == ([["n0"], ["n1", "n2", "n3"]] if deferred else [["n1", "n2", "n3"]])
+    assert k.runtime.totals.recomputed == 0
+    assert k.runtime.requests == {}  # no record outlives its request
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
 
 def test_kit_overlap_siblings_that_wait_two_rounds_run_together(make_kit):

@@ -22,6 +22,7 @@ from radixflow_sglang.core.cost import (
     RoundCostEstimator,
     RoundView,
     never_waits,
+    newcomer_waits,
 )
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
@@ -163,6 +164,9 @@ class RadixFlowRuntime:
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
         self.round += 1
         self._scan_reqs = {}
+        self._released = self._finishing = 0  # selected rows: released consumers, last tokens
+        self._deferred_heads: list[tuple[tuple, object]] = []
+        self._independent: str | None = None  # the last visit no live producer could block
         self._fork_chunk = None
         if self._records() > 2 * len(sched.waiting_queue) + 1024:
             self._prune(sched)
@@ -252,11 +256,13 @@ class RadixFlowRuntime:
             # can be Blocked; a request parked last round is rechecked and goes native
             self.quiet_visits += 1
             t.waits.release(req.rid)
+            self._independent = req.rid
             return False
         tokens, ns = req_tokens(req), namespace(req)
         hits = t.may_block(req.rid, ns, tokens)
         if not hits:
             t.waits.release(req.rid)  # rechecked: no live producer, native handling
+            self._independent = req.rid  # NOTE: `_newcomer_defers` reads it next
             return False
         if adder.new_chunked_req is not None and self._fork_chunk is None:
             t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
@@ -343,6 +349,8 @@ class RadixFlowRuntime:
         rs = self.requests.get(req.rid)
         if rs is not None and rs.first_selected is None:
             rs.first_selected, rs.first_selected_round = self.clock(), self.round
+        self._released += rs is not None and rs.rounds_parked > 0
+        self._finishing += req is not adder.new_chunked_req and _last_token(req)
         self._publish_boundary(sched, req, adder)
         if self.traversal is not None and not self._quiet:
             self._scan_reqs[req.rid] = req
@@ -435,7 +443,8 @@ class RadixFlowRuntime:
             "grid": self.grid.size, "layout": self.grid.layout.value,
             "rounds": t.rounds, "blocked": t.blocked, "forks": t.forks,
             "released_by_bound": t.released_by_bound, "parked_max_rounds": t.parked_max_rounds,
-            "frag_deferred": t.frag_deferred, "scheduled_tokens": t.scheduled_tokens,
+            "frag_deferred": t.frag_deferred, "newcomer_deferred": t.newcomer_deferred,
+            "scheduled_tokens": t.scheduled_tokens,
             "hit_tokens": t.hit_tokens, "held_iterations": self.held_iterations,
             "overtakes": self.overtakes,
             "wait_set": len(self.traversal.waits) if self.traversal is not None else 0,
@@ -452,7 +461,11 @@ class RadixFlowRuntime:
         it into a chunk: while a fork-cut producer holds SGLang's one chunk slot (the cut
         would displace it), or, under +Frag, when the residual chunk budget would leave a
         fragment that publishes no state (0 < cut < G; capped per request). Fit and cut are
-        SGLang's, on pages (a cut of 0 is native's OTHER, not a fragment)."""
+        SGLang's, on pages (a cut of 0 is native's OTHER, not a fragment). First, the
+        cost-aware rule's newcomer deferral (`_newcomer_defers`)."""
+        if self._newcomer_defers(sched, req, adder):
+            release_parked(sched, req)
+            return True
         left = adder.rem_chunk_tokens
         if left is None or not adder.can_run_list:
             return False
@@ -473,6 +486,39 @@ class RadixFlowRuntime:
         self.frag_deferred[req.rid] = n + 1
         self.stats.frag_deferred += 1
         release_parked(sched, req)
+        return True
+
+    def _newcomer_defers(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        """Keep a request no live producer shares a prefix with out of a round that runs
+        released consumers when joining would make their round cost more than everyone else
+        pays for one more round (core/cost.py `newcomer_waits`; once per request). Its group
+        (later requests sharing theta tokens of it: its consumers had it run) stays out with
+        it. Cost-aware rule only."""
+        if not (self._released and self._finishing) or self._quiet or self.traversal is None:
+            return False
+        rs = self.requests.get(req.rid)
+        if (not self.spec.cost_aware or rs is None or rs.rounds_parked or rs.deferred
+                or getattr(req, "session", None) is not None):
+            return False
+        tokens, ns = req_tokens(req), namespace(req)
+        theta = self.traversal.cfg.theta
+        if not any(ns == n and len(tokens) > theta and tokens[:theta] == h
+                   for n, h in self._deferred_heads):
+            if self._independent != req.rid:
+                return False  # NOTE: one a live producer shares a prefix with is traversal's
+            extend = len(req.full_untruncated_fill_ids) - req.prefix_len
+            extend = min(extend, int(budget_left(adder)))
+            self._scan = self._scan or _ScanView.of(sched)
+            v = self._view(req, adder, 0)
+            others = v.behind + v.rows - self._finishing
+            taken = max(v.token_budget - v.budget_left, 0)  # NOTE: this round's tokens so far
+            if not newcomer_waits(self.cost.decision_coeffs, req.prefix_len, extend,
+                                  self._finishing, others, v.parked_rows, v.host_s,
+                                  v.arrival_rate, v.rows, taken):
+                return False
+            self._deferred_heads.append((ns, tokens[:theta]))
+        rs.deferred += 1
+        self.stats.newcomer_deferred += 1
         return True
 
     # --- helpers ---------------------------------------------------------------------------
@@ -589,6 +635,12 @@ class RadixFlowRuntime:
             if self.dp_rank is not None:
                 record = {"dp_rank": self.dp_rank, **record}
             self._trace.write(json.dumps(record, default=str) + "\n")
+
+
+def _last_token(req: Req) -> bool:
+    """The request's next token is its last (max_new_tokens): it finishes with this round."""
+    most = req.sampling_params.max_new_tokens
+    return most is not None and most - len(req.output_ids) <= 1
 
 
 def _compute_charge(adder: PrefillAdder, extend: int) -> int:

@@ -22,6 +22,7 @@ class RoundStats:
     held: int = 0  # iterations held before this round, plus fresh requests skipped in it
     released_by_admission: str = ""  # why held requests were released ("" = none held)
     frag_deferred: int = 0
+    newcomer_deferred: int = 0  # kept out of a released consumer's round (core/cost.py)
     # NOTE: Blocked, but the cost-aware rule found recomputing cheaper (unprobed: at every
     # ready prefix it could have, core/traversal.py `recomputes_unprobed`)
     recomputed: int = 0
@@ -42,6 +43,7 @@ class RequestStats:
     first_selected: float | None = None
     first_selected_round: int | None = None
     rounds_parked: int = 0
+    deferred: int = 0  # rounds kept out of a released consumer's round
     eligible: bool = False  # released by admission (or never held)
 
 
@@ -53,6 +55,7 @@ class Totals:
     released_by_bound: int = 0
     parked_max_rounds: int = 0
     frag_deferred: int = 0
+    newcomer_deferred: int = 0
     scheduled_tokens: int = 0
     hit_tokens: int = 0
     recomputed: int = 0
@@ -64,6 +67,7 @@ class Totals:
         self.forks += r.forks
         self.released_by_bound += r.released_by_bound
         self.frag_deferred += r.frag_deferred
+        self.newcomer_deferred += r.newcomer_deferred
         self.scheduled_tokens += r.scheduled_tokens
         self.hit_tokens += r.hit_tokens
         self.recomputed += r.recomputed
