@@ -149,6 +149,8 @@ def test_metrics_count_radixflow_rounds(server):
     quiet = [ln for ln in text.splitlines() if ln.startswith("radixflow_quiet_scans_total")]
     info = request_json(server.base + "/server_info")[1]["internal_states"][0]["radixflow"]
     assert quiet and float(quiet[0].rsplit(" ", 1)[1]) == info["quiet_scans"]
+    kept = [ln for ln in text.splitlines() if ln.startswith("radixflow_newcomer_deferred_total")]
+    assert kept and float(kept[0].rsplit(" ", 1)[1]) == info["newcomer_deferred"]
 
 
 def test_abort_while_parked_leaks_nothing(server):

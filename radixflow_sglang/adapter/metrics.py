@@ -38,6 +38,9 @@ class RadixFlowMetrics:
         self.quiet = Counter("radixflow_quiet_scans",
                              "Scans in which no request could wait (traversal hooks off)", names)
         self.quiet.labels(**self.labels)  # NOTE: exported from the start, 0 until one runs
+        self.newcomers = Counter("radixflow_newcomer_deferred", "Requests kept out of a "
+                                 "released consumer's round (cost rule)", names)
+        self.newcomers.labels(**self.labels)  # NOTE: exported from the start, like quiet
         self.forward = Histogram("radixflow_forward_seconds", "Measured prefill forward time",
                                  names, buckets=FORWARD_BUCKETS)
         self.fit = Gauge("radixflow_round_cost", "Round-cost fit: c = alpha + beta * tokens + "
@@ -61,6 +64,8 @@ class RadixFlowMetrics:
             self.recomputed.labels(**lab).inc(s.recomputed)
         if s.quiet:
             self.quiet.labels(**lab).inc()
+        if s.newcomer_deferred:
+            self.newcomers.labels(**lab).inc(s.newcomer_deferred)
 
     def on_forward(self, seconds: float, fit: CostCoeffs) -> None:
         lab = self.labels
