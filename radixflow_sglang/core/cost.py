@@ -435,8 +435,9 @@ def newcomer_waits(c: CostCoeffs, prefix: int, extend: int, finishing: int, othe
     siblings, mean 0.281 -> 0.342 s)."""
     if finishing <= 0 or extend <= 0:
         return False
-    grows = c.beta * extend + c.gamma + c.delta * _pairs(prefix, extend)
-    span = 2 * host_s + c(round_rows, round_tokens) + c(1, extend, _pairs(prefix, extend))
+    pairs = _pairs(prefix, extend)
+    grows = c.beta * extend + c.gamma + c.delta * pairs
+    span = 2 * host_s + c(round_rows, round_tokens) + c(1, extend, pairs)
     later = max(others - parked, 1) + arrival_rate * span
     return finishing * grows > margin * (later * (c.alpha + host_s) + parked * grows)
 
