@@ -160,7 +160,7 @@ class BoundaryPublisher:
                                  self._is_repeat(tokens, ns, prefix, key))
             self._observe_fork(req, tokens, tree, prefix, branching)
             if self.markers is not None:
-                self.markers.infer(tokens)  # NOTE: template pieces, before any fork shows them
+                self.markers.infer(tokens, ns)  # NOTE: template pieces, before a tree fork
         if prefix > 0 and self.usage.watching(prefix):
             self.usage.hit(_key(ns, tokens, prefix))
         if prefix > 0 and self.markers is not None:

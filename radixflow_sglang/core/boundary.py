@@ -345,6 +345,7 @@ class MarkerLearner:
     piece_support: int = 1  # pairs of unrelated requests a piece was seen in before it is used
     pieces: list[Marker] = field(default_factory=list)
     _tails: deque = field(default_factory=deque)
+    _spaces: deque = field(default_factory=deque)  # the namespace of each kept tail
 
     def observe(self, tokens: Sequence[int], hit: int) -> Marker | None:
         """A fork at exact depth `hit` of `tokens`; returns the marker it joined or started."""
@@ -364,7 +365,7 @@ class MarkerLearner:
         self.markers.append(m)
         return m
 
-    def infer(self, tokens: Sequence[int]) -> list[Marker]:
+    def infer(self, tokens: Sequence[int], namespace: Hashable = None) -> list[Marker]:
         """Template pieces from a request's last `window` tokens, before any fork shows them
         (a document's first question, when no earlier question shared a document): the runs
         of >= `min_len` tokens it shares with the tail of an unrelated earlier request, with
@@ -374,21 +375,31 @@ class MarkerLearner:
         variable part happens to start or end with falls away); a piece seen in
         `piece_support` pairs is used as a marker. A tail that shares text reaching the start
         of the window with a kept one (a sibling, the same document's next question, a chunk
-        of the same request, an identical prompt) is related and teaches nothing. Returns the
-        pieces this request touched."""
+        of the same request, an identical prompt) is related and teaches nothing, except
+        where it is in another `namespace` (not None): where their shared text ends, both
+        going on differently, is a fork the tree cannot show across namespaces (a document
+        asked again in another namespace: the text before its question), kept as a piece
+        (`_fork_piece`). Returns the pieces this request touched."""
         tail = tuple(tokens[-self.window:])
         if len(tail) <= self.min_len or tail in self._tails:
             return []
         index = _kgram_index(tail, self.min_len)
         pairs = []
-        for old in reversed(self._tails):  # NOTE: newest first: a sibling relates to it
+        # NOTE: newest first: a sibling relates to it
+        for old, space in zip(reversed(self._tails), reversed(self._spaces), strict=True):
             runs = common_runs(tail, old, self.min_len, index)
             if runs is None:
+                if namespace is not None and space is not None and space != namespace:
+                    fork = shared_run_end(tail, old, self.min_len, index)
+                    if fork is not None:
+                        return [self._fork_piece(tail[max(0, fork - self.span):fork])]
                 return []
             pairs.append(runs)
         self._tails.append(tail)
+        self._spaces.append(namespace)
         if len(self._tails) > self.keep:
             self._tails.popleft()
+            self._spaces.popleft()
         touched: list[Marker] = []
         for runs in pairs:
             seen: set[int] = set()  # NOTE: a piece counts once per pair
@@ -397,6 +408,25 @@ class MarkerLearner:
                 if m is not None and all(m is not t for t in touched):
                     touched.append(m)
         return touched
+
+    def _fork_piece(self, ctx: tuple[int, ...]) -> Marker:
+        """A fork seen in token space: its context joins the piece whose tokens end as it
+        does (>= `min_len` tokens, shrinking to that suffix, as `observe` merges the tree's
+        forks), else starts one. Pieces are guesses: extra_buffer moves its one state to
+        them for free, no_buffer cuts there only where its traversal cuts anyway (a mark)."""
+        best = max(self.pieces, key=lambda m: common_suffix(m.tokens, ctx), default=None)
+        n = 0 if best is None else common_suffix(best.tokens, ctx)
+        if n >= self.min_len:
+            if n < len(best.tokens):
+                best.tokens, best._needle = best.tokens[-n:], b""
+            best.support += 1
+            return best
+        if len(self.pieces) >= self.limit:
+            low = min(range(len(self.pieces)), key=lambda i: self.pieces[i].support)
+            del self.pieces[low]
+        m = Marker(ctx)
+        self.pieces.append(m)
+        return m
 
     def _piece(self, run: tuple[int, ...], seen: set[int]) -> Marker | None:
         best, n, at = None, 0, 0
@@ -469,6 +499,26 @@ def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
             if i + n < len(a) and j + n < len(b):
                 runs.append(a[i:i + n])
     return runs
+
+
+def shared_run_end(a: tuple[int, ...], b: tuple[int, ...], k: int,
+                   index: dict | None = None) -> int | None:
+    """Where in `a` the longest common run of >= k tokens that touches the start of either
+    window ends, both going on differently after it: the fork of two requests that share
+    content reaching back past their windows (None: no such run, or it ends one of them:
+    an identical prompt, a prefix). `index`: `_kgram_index(a, k)`."""
+    index = _kgram_index(a, k) if index is None else index
+    best, at = 0, None
+    for j in range(len(b) - k + 1):
+        for i in index.get(b[j:j + k], ()):
+            if i and j:
+                continue
+            n = k
+            while i + n < len(a) and j + n < len(b) and a[i + n] == b[j + n]:
+                n += 1
+            if i + n < len(a) and j + n < len(b) and n > best:
+                best, at = n, i + n
+    return at
 
 
 def longest_common_run(a: Sequence[int], b: Sequence[int]) -> tuple[int, int]:
