@@ -24,6 +24,7 @@ from radixflow_sglang.core.boundary import (
     optimal_placement,
     place,
     publish_at,
+    shared_run_end,
     wants,
 )
 from radixflow_sglang.core.grid import Grid, Layout
@@ -677,6 +678,74 @@ def test_pieces_count_once_per_pair_and_need_support():
     assert ml.candidates(b, 0, len(b)) == []  # support 1 < 2
     ml.infer([300, 301] + END + [12, 13, 41, 42, 43])
     assert ml.pieces[0].support == 3 and ml.candidates(b, 0, len(b)) == [(6, ml.pieces[0])]
+
+
+def test_a_document_asked_in_another_namespace_shows_its_end_in_token_space():
+    """Two questions on one document in different namespaces (the matrix's cold segment asks
+    each in its own): the tree shows no fork between them, their tails do. Where their shared
+    text ends is a piece (the document's last tokens and the template's), used as a marker by
+    the next request with that document; within one namespace the fork is the tree's."""
+    ml = MarkerLearner(window=32)
+    rng = random.Random(1)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(1000, 200_000) for _ in range(n)]
+
+    doc = rand(40)
+    q0 = _tail(doc, rand(8), rand(5))
+    assert ml.infer(q0, "cold/q0") == []
+    sib = q0[:-8] + rand(5) + [41, 42, 43]
+    assert ml.infer(sib, "cold/q0") == [] and ml.pieces == []  # the tree shows its fork
+    q1 = _tail(doc, rand(9), rand(6))
+    assert ml.infer(q1, "cold/q0") == [] and ml.pieces == []  # one namespace: the tree's
+    touched = ml.infer(q1, "cold/q1")
+    end = len(doc) + len(END)  # NOTE: the questions diverge right after "Question:"
+    assert [m.tokens for m in touched] == [tuple((doc + END)[-(32 - (len(q1) - end)):])]
+    assert len(ml._tails) == 1  # related: not kept
+    q2 = _tail(doc, rand(7), rand(4))
+    assert ml.candidates(q2, 0, len(q2)) == [(end, touched[0])]
+    assert ml.candidates(q2, 0, len(q2), pieces=False) == []  # no_buffer admission: markers
+    other = _tail(rand(40), rand(8), rand(5))
+    assert ml.candidates(other, 0, len(other)) == []  # the piece holds this document's text
+    assert ml.infer(q2, None) == []  # NOTE: no namespace given: related, nothing learned
+    # the run ends where both go on differently; a prefix or an identical prompt is no fork
+    a, b = (3, 4, 5, 6, 1), (9, 3, 4, 5, 7, 8)  # a's window starts inside the shared text
+    assert shared_run_end(a, b, 3) == 3 and shared_run_end(b, a, 3) == 4
+    assert shared_run_end((1, 3, 4, 5, 6), b, 3) is None  # no run touches a window's start
+    assert shared_run_end(a, a, 3) is None and shared_run_end(a, a + (7,), 3) is None
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_document_asked_in_other_namespaces_has_its_end_published_in_a_shared_one(layout):
+    """The matrix's qwen3.5-0.8b QuALITY cell of seed 1 (every question on one document): the
+    cold segment asks each question in its own namespace, so no tree fork and no unrelated
+    document teach where the document ends; the mixed segment's first question then published
+    at its siblings' fork and the second recomputed the document (p95 1.057x stock). The token
+    fork of the cold questions is that end: the shared namespace's first question publishes
+    there and the second resumes at it (extra_buffer: its grid floor; no_buffer: the traversal
+    cuts its first question there for the siblings that wait anyway)."""
+    G = grid_of()
+    rng = random.Random(3)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(1000, 200_000) for _ in range(n)]
+
+    doc = [5, 6] + rand(6 * G + 17) + [11, 12]
+    questions = [[21, 22] + rand(G // 2 + 5 * q) + [31, 32] for q in range(4)]
+    ready = {}
+    for policy in ("stock", "radixflow"):
+        kit = make(policy, "both", layout)
+        for q, ns in enumerate(["cold/q0", "cold/q1", "shared", "shared"]):
+            rids = [f"{policy}{q}{k}" for k in "ABCD"]
+            for k, rid in enumerate(rids):
+                kit.submit(kit.req(rid, doc + questions[q] + rand(6 + k) + [41, 42, 43], ns))
+            rounds = kit.drain()
+            ready[policy, q] = min(next(r.prefix[x] for r in rounds if x in r.prefix)
+                                   for x in rids)
+        assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+    end = len(doc) + 2  # NOTE: "Question:" is shared, the question's text diverges
+    assert ready["radixflow", 3] == (end // G * G if layout == "extra_buffer" else end)
+    assert ready["stock", 3] < end - G  # stock: the first question's state lies past the end
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

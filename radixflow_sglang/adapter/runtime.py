@@ -294,6 +294,7 @@ class RadixFlowRuntime:
                    if t.group_verdict(cand, b) is None else 0)
             view = self._view(req, adder, sib)
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
+            b = t.placed(cand, b)
             if self._trace is not None:
                 self._emit({"event": "decide", "round": self.round, "rid": req.rid,
                             "producer": b.producer, "ready": b.ready, "depth": b.depth,

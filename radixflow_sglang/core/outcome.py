@@ -17,3 +17,6 @@ class Blocking:
     depth: int  # publish depth the consumer waits for
     ready: int  # the consumer's ready prefix now
     fork: bool  # True when the producer must be moved to publish at the fork point
+    # NOTE: a learned boundary below the fork the cut may go to instead (`Producer.mark`),
+    # when waiting for it still wins (`Traversal.decide`, `placed`)
+    mark: int | None = None

@@ -81,6 +81,7 @@ class Traversal:
         # without a probe (`recomputes_unprobed`): a later sibling follows either
         self._group_waits: set[tuple] = set()
         self._unprobed: set[tuple] = set()
+        self._marked: dict[tuple, Blocking] = {}  # group -> the Blocking at its mark it took
 
     # --- round lifecycle -------------------------------------------------------------------
     def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
@@ -98,6 +99,7 @@ class Traversal:
         self._groups = {}
         self._last_group = None
         self._group_waits, self._unprobed = set(), set()
+        self._marked = {}
         self.stats = RoundStats(self.round)
         return self.stats
 
@@ -152,8 +154,12 @@ class Traversal:
             if p.mark is not None and p.prefix < p.mark < depth and \
                     p.mark - c.ready >= self.cfg.theta:
                 # NOTE: the cut serves later questions too (Producer.mark); a mark within theta
-                # of the ready prefix would turn a waiting consumer into a recompute
-                depth = p.mark
+                # of the ready prefix would turn a waiting consumer into a recompute. The
+                # cost-aware rule takes it only where waiting for it still wins (`decide`).
+                if not self.cfg.cost_aware:
+                    depth = p.mark
+                elif depth - c.ready >= self.cfg.theta:
+                    return Blocking(p.rid, depth, c.ready, fork, p.mark)
         else:
             return None
         if depth - c.ready < self.cfg.theta:
@@ -211,11 +217,29 @@ class Traversal:
         if v is None:
             v = group_wait_wins(cost, self._case(c, b, lag), view)
             self._groups[key] = v
+            if v.wait and b.mark is not None:
+                # NOTE: the fork's verdict decides; the cut moves to the mark only where the
+                # group still waits for it (a smaller gain, a longer rest: a marginal wait at
+                # the fork recomputes at the mark, and its question then runs cold whole)
+                m = Blocking(b.producer, b.mark, b.ready, b.fork)
+                vm = group_wait_wins(cost, self._case(c, m, lag), view)
+                if vm.wait:
+                    self._groups[self._group(c, m)] = vm
+                    self._group_waits.add(_unready(self._group(c, m)))
+                    self._marked[key] = m
+                    v = vm
         if v.wait:
             self._group_waits.add(_unready(key))
             if lag > 1:
                 self._committing[c.rid] = b.producer
         return v
+
+    def placed(self, c: Candidate, b: Blocking) -> Blocking:
+        """The Blocking a waiting `c` parks with: at the mark where its group's verdict took it
+        (`decide`), else at the fork."""
+        if b.mark is None:
+            return b
+        return self._marked.get(self._group(c, b), Blocking(b.producer, b.depth, b.ready, b.fork))
 
     def _case(self, c: Candidate, b: Blocking, lag: int) -> WaitCase:
         p = self.index.get(b.producer)
