@@ -351,18 +351,23 @@ class MarkerLearner:
         """A fork at exact depth `hit` of `tokens`; returns the marker it joined or started."""
         if hit < self.min_len:
             return None
-        ctx = tuple(tokens[max(0, hit - self.span):hit])
-        best = max(self.markers, key=lambda m: common_suffix(m.tokens, ctx), default=None)
+        return self._merge_suffix(self.markers, tuple(tokens[max(0, hit - self.span):hit]))
+
+    def _merge_suffix(self, into: list[Marker], ctx: tuple[int, ...]) -> Marker:
+        """A fork's context joins the entry of `into` whose tokens end as it does (>= `min_len`
+        tokens, shrinking to that common suffix), else starts one (the least supported
+        replaced past `limit`)."""
+        best = max(into, key=lambda m: common_suffix(m.tokens, ctx), default=None)
         n = 0 if best is None else common_suffix(best.tokens, ctx)
         if n >= self.min_len:
             if n < len(best.tokens):
                 best.tokens, best._needle = best.tokens[-n:], b""
             best.support += 1
             return best
-        if len(self.markers) >= self.limit:
-            self.markers.remove(min(self.markers, key=lambda m: m.support))
+        if len(into) >= self.limit:
+            del into[min(range(len(into)), key=lambda i: into[i].support)]
         m = Marker(ctx)
-        self.markers.append(m)
+        into.append(m)
         return m
 
     def infer(self, tokens: Sequence[int], namespace: Hashable = None) -> list[Marker]:
@@ -379,7 +384,8 @@ class MarkerLearner:
         where it is in another `namespace` (not None): where their shared text ends, both
         going on differently, is a fork the tree cannot show across namespaces (a document
         asked again in another namespace: the text before its question), kept as a piece
-        (`_fork_piece`). Returns the pieces this request touched."""
+        (merged by common suffix, as `observe` merges the tree's forks). Returns the pieces
+        this request touched."""
         tail = tuple(tokens[-self.window:])
         if len(tail) <= self.min_len or tail in self._tails:
             return []
@@ -392,7 +398,10 @@ class MarkerLearner:
                 if namespace is not None and space is not None and space != namespace:
                     fork = shared_run_end(tail, old, self.min_len, index)
                     if fork is not None:
-                        return [self._fork_piece(tail[max(0, fork - self.span):fork])]
+                        # NOTE: a guess, so a piece: extra_buffer moves its one state there
+                        # for free, no_buffer cuts there only where its traversal cuts anyway
+                        return [self._merge_suffix(self.pieces,
+                                                   tail[max(0, fork - self.span):fork])]
                 return []
             pairs.append(runs)
         self._tails.append(tail)
@@ -408,25 +417,6 @@ class MarkerLearner:
                 if m is not None and all(m is not t for t in touched):
                     touched.append(m)
         return touched
-
-    def _fork_piece(self, ctx: tuple[int, ...]) -> Marker:
-        """A fork seen in token space: its context joins the piece whose tokens end as it
-        does (>= `min_len` tokens, shrinking to that suffix, as `observe` merges the tree's
-        forks), else starts one. Pieces are guesses: extra_buffer moves its one state to
-        them for free, no_buffer cuts there only where its traversal cuts anyway (a mark)."""
-        best = max(self.pieces, key=lambda m: common_suffix(m.tokens, ctx), default=None)
-        n = 0 if best is None else common_suffix(best.tokens, ctx)
-        if n >= self.min_len:
-            if n < len(best.tokens):
-                best.tokens, best._needle = best.tokens[-n:], b""
-            best.support += 1
-            return best
-        if len(self.pieces) >= self.limit:
-            low = min(range(len(self.pieces)), key=lambda i: self.pieces[i].support)
-            del self.pieces[low]
-        m = Marker(ctx)
-        self.pieces.append(m)
-        return m
 
     def _piece(self, run: tuple[int, ...], seen: set[int]) -> Marker | None:
         best, n, at = None, 0, 0

@@ -143,6 +143,7 @@ class Traversal:
     def _blocking(self, c: Candidate, p: Producer, common: int) -> Blocking | None:
         reach = min(common, c.max_prefix)
         g = self.cfg.grid
+        mark = None
         if g.layout is Layout.FULL:
             depth, fork = (g.fork_depth(p.prefix, p.extend, reach) or 0), False
         elif p.publish is not None and p.publish <= reach:
@@ -156,15 +157,15 @@ class Traversal:
                 # NOTE: the cut serves later questions too (Producer.mark); a mark within theta
                 # of the ready prefix would turn a waiting consumer into a recompute. The
                 # cost-aware rule takes it only where waiting for it still wins (`decide`).
-                if not self.cfg.cost_aware:
+                if self.cfg.cost_aware:
+                    mark = p.mark
+                else:
                     depth = p.mark
-                elif depth - c.ready >= self.cfg.theta:
-                    return Blocking(p.rid, depth, c.ready, fork, p.mark)
         else:
             return None
         if depth - c.ready < self.cfg.theta:
             return None
-        return Blocking(p.rid, depth, c.ready, fork)
+        return Blocking(p.rid, depth, c.ready, fork, mark)
 
     def group_depth(self, b: Blocking) -> int:
         """The prefix a sibling group shares: the depth floored to a 64-token block. NOTE:
@@ -224,8 +225,9 @@ class Traversal:
                 m = Blocking(b.producer, b.mark, b.ready, b.fork)
                 vm = group_wait_wins(cost, self._case(c, m, lag), view)
                 if vm.wait:
-                    self._groups[self._group(c, m)] = vm
-                    self._group_waits.add(_unready(self._group(c, m)))
+                    at = self._group(c, m)
+                    self._groups[at] = vm
+                    self._group_waits.add(_unready(at))
                     self._marked[key] = m
                     v = vm
         if v.wait:
