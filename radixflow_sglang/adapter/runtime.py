@@ -30,7 +30,7 @@ from radixflow_sglang.core.producers import Producer
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
-from . import check_sglang_version
+from . import check_sglang_version, slot
 from .admission import AdmissionHold, Sleep
 from .agreement import local_share
 from .boundary import BoundaryPublisher, cut_chunk
@@ -290,9 +290,11 @@ class RadixFlowRuntime:
             return False
         if self.spec.cost_aware:
             self._scan = self._scan or _ScanView.of(sched)
-            sib = (self._siblings(req, tokens, t.group_depth(b), sibs)
-                   if t.group_verdict(cand, b) is None else 0)
+            first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
+            sib = self._siblings(req, tokens, t.group_depth(b), sibs) if first else 0
             view = self._view(req, adder, sib)
+            if first and self.grid.layout is Layout.NO_BUFFER:
+                view = slot.priced(self, sched, req, b, view)  # NOTE: SGLang's one chunk
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
             b = t.placed(cand, b)
             if self._trace is not None:

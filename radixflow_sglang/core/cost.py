@@ -257,6 +257,9 @@ class RoundView:
     siblings: int = 0  # queued after the candidate, sharing its prefix to the depth (its group)
     host_s: float = 0.0  # scheduler host time a round adds (scan + batch prep; 0 under overlap)
     arrival_rate: float = 0.0  # requests/s arriving (rank 0's clock, shared): they queue too
+    # NOTE: no_buffer: what a later sibling group of this scan saves by waiting, which a wait
+    # whose fork cut takes SGLang's one chunk slot denies it (adapter/slot.py)
+    slot_value: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,9 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         # the queued work that fills the tokens it leaves when the budget binds.
         backfill = min(case.cut_rest, overflow) / max(v.mean_extend, 1.0)
         wait_s += max(nxt * (1.0 - backfill), 0.0)
+        # NOTE: the cut holds SGLang's one chunk slot this round: a later group whose first
+        # needed it for its own fork recomputes instead (docs/design.md, "The chunk slot")
+        wait_s += v.slot_value
     # NOTE: under a backlog the extra work also delays every request arriving before the
     # backlog drains (a work-conserving server stays busy until then): a lower bound on the
     # busy period's arrivals, zero without overflow (docs/design.md, "Waiting under a backlog")
@@ -353,6 +359,12 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         wait_s += wait_wins(c, cj, vw).wait_s
         recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
+
+
+def group_saving(c: CostCoeffs, case: WaitCase, v: RoundView) -> float:
+    """Summed latency a sibling group's wait saves over recomputing (0 when it recomputes)."""
+    g = group_wait_wins(c, case, v)
+    return g.recompute_s - g.wait_s if g.wait else 0.0
 
 
 def _copy(obj, **changes):
