@@ -63,6 +63,30 @@ def test_a_token_bound_round_parks():
     assert bound.recompute_s > free.recompute_s
 
 
+def test_a_fork_cut_pays_for_the_chunk_slot_it_takes():
+    """no_buffer: the wait whose fork cut takes SGLang's one chunk slot adds what a later group
+    would have saved with it (`RoundView.slot_value`) to the wait side, once per group (only
+    the first sibling makes the cut); a wait that makes no cut pays nothing for it."""
+    from radixflow_sglang.core.cost import group_saving
+
+    case = WaitCase(ready=0, depth=2000, length=2030, lag=1, cut_rest=30)
+    free = wait_wins(QWEN_4B, case, view())
+    assert free.wait
+    taken = wait_wins(QWEN_4B, case, view(slot_value=free.recompute_s - free.wait_s + 1e-3))
+    assert not taken.wait
+    assert taken.wait_s == pytest.approx(free.recompute_s + 1e-3)
+    no_cut = WaitCase(0, 2000, 2030, 1, 0)
+    assert wait_wins(QWEN_4B, no_cut, view(slot_value=9.0)) == wait_wins(QWEN_4B, no_cut, view())
+    g0 = group_wait_wins(QWEN_4B, case, view(siblings=2))
+    g = group_wait_wins(QWEN_4B, case, view(siblings=2, slot_value=0.5))
+    assert g.wait_s == pytest.approx(g0.wait_s + 0.5)
+    assert g.recompute_s == pytest.approx(g0.recompute_s)
+    saved = g0.recompute_s - g0.wait_s
+    assert group_saving(QWEN_4B, case, view(siblings=2)) == pytest.approx(saved)
+    short = WaitCase(ready=0, depth=256, length=300, lag=1, cut_rest=44)
+    assert group_saving(CostCoeffs(0.2, QWEN_4B.beta, QWEN_4B.gamma), short, view()) == 0.0
+
+
 def test_a_newcomer_waits_out_a_released_consumers_round_only_when_its_work_outweighs_a_round():
     # 3 consumers finish with the round; a 6,000-token document would add ~102 ms to each,
     # while one more round costs its 8 ms fixed cost to the 4 requests that finish later.

@@ -168,3 +168,43 @@ def test_a_producers_last_chunk_is_cut_at_its_late_siblings_fork(make_kit, model
     assert first_prefix(k.rounds)["S"] == 1500
     assert tokens(k.rounds) == len(p) + len(s) - 1500
     assert k.leaks() == NO_LEAK
+
+
+def question(k, name: str, doc_len: int, start: int) -> list:
+    doc = toks(start, doc_len)
+    return [k.req(f"{name}{b}", doc + toks(300_000 + start + 40 * b, 30)) for b in range(4)]
+
+
+@pytest.mark.parametrize("later", [True, False])
+def test_a_short_wait_does_not_take_the_chunk_slot_from_a_long_document(make_kit, monkeypatch,
+                                                                       later):
+    """A RACE-like question r (280-token document) and a QuALITY-like question q (2,900) arrive
+    together, r first (qwen3.5-27b, alpha 25 ms, 32 requests/s arriving). r's siblings' wait
+    wins on its own, but its fork cut takes SGLang's one chunk slot: q's first then ran whole,
+    its second recomputed the document beside it and its third once more a round later (9,220
+    tokens). Priced (adapter/slot.py), r recomputes its 280 tokens and q's siblings wait for
+    q's fork (4,260). Alone, r still waits."""
+    from eval.costmodel import cost_with
+    from radixflow_sglang.adapter import slot
+
+    def run():
+        k = make_kit("qwen3.5-27b", "no_buffer", "radixflow")
+        k.runtime.use_prior(cost_with("qwen3.5-27b", alpha_ms=25))
+        k.submit(*question(k, "r", 280, 1000))
+        if later:
+            k.submit(*question(k, "q", 2900, 20_000))
+        k.runtime.arrival_rate = 32.0  # NOTE: the rate the wait rule reads (agreed per forward)
+        k.drain()
+        assert k.leaks() == NO_LEAK
+        return [(r.rids, r.chunked) for r in k.rounds if r.mode == "prefill"], tokens(k.rounds)
+
+    rounds, spent = run()
+    if not later:
+        assert rounds == [(["r0"], "r0"), (["r0", "r1", "r2", "r3"], None)]
+        return
+    assert rounds == [(["r0", "r1", "r2", "r3", "q0"], "q0"), (["q0", "q1", "q2", "q3"], None)]
+    assert spent == 4 * 310 + 2900 + 4 * 30
+    monkeypatch.setattr(slot, "priced", lambda rt, sched, req, b, view: view)
+    unpriced, more = run()
+    assert unpriced[0] == (["r0", "q0", "q1"], "r0")  # q1 recomputes the document beside q0
+    assert more > spent + 2900  # the document at least once more
