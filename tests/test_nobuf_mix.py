@@ -204,7 +204,7 @@ def test_a_short_wait_does_not_take_the_chunk_slot_from_a_long_document(make_kit
         return
     assert rounds == [(["r0", "r1", "r2", "r3", "q0"], "q0"), (["q0", "q1", "q2", "q3"], None)]
     assert spent == 4 * 310 + 2900 + 4 * 30
-    monkeypatch.setattr(slot, "priced", lambda rt, sched, req, b, view: view)
+    monkeypatch.setattr(slot, "priced", lambda rt, scan, sched, req, b, view: view)
     unpriced, more = run()
     assert unpriced[0] == (["r0", "q0", "q1"], "r0")  # q1 recomputes the document beside q0
     assert more > spent + 2900  # the document at least once more

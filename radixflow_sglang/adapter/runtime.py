@@ -293,8 +293,8 @@ class RadixFlowRuntime:
             first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
             sib = self._siblings(req, tokens, t.group_depth(b), sibs) if first else 0
             view = self._view(req, adder, sib, b)
-            if first and self.grid.layout is Layout.NO_BUFFER:
-                view = slot.priced(self, sched, req, b, view)  # NOTE: SGLang's one chunk
+            if first and self.grid.layout is Layout.NO_BUFFER:  # NOTE: SGLang's one chunk
+                view = slot.priced(self, self._scan, sched, req, b, view)
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
             b = t.placed(cand, b)
             if self._trace is not None:

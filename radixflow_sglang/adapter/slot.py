@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 GROUPS = 4  # later groups priced per decision (the first ones the round can reach)
 
 
-def priced(rt: RadixFlowRuntime, sched: Scheduler, req: Req, b: Blocking,
+def priced(rt: RadixFlowRuntime, scan: _ScanView, sched: Scheduler, req: Req, b: Blocking,
            view: RoundView) -> RoundView:
     """`view` with the slot's price when waiting for `b` makes the scan's one fork cut."""
     t = rt.traversal
@@ -41,12 +41,12 @@ def priced(rt: RadixFlowRuntime, sched: Scheduler, req: Req, b: Blocking,
     if not (b.fork and rt.grid.layout is Layout.NO_BUFFER and t.fork_slots == 1
             and p is not None and not p.forked):
         return view
-    value = slot_value(rt, sched, req, b, view)
+    value = slot_value(rt, scan, sched, req, b, view)
     return replace(view, slot_value=value) if value > 0 else view
 
 
-def slot_value(rt: RadixFlowRuntime, sched: Scheduler, req: Req, b: Blocking,
-               view: RoundView) -> float:
+def slot_value(rt: RadixFlowRuntime, scan: _ScanView, sched: Scheduler, req: Req,
+               b: Blocking, view: RoundView) -> float:
     """The largest saving of a later group whose first the round reaches if `req`'s group
     recomputes (its extend then takes budget): that first must not be Blocked itself, and its
     siblings' fork must lie theta past what the tree holds for it (its KV hit, a bound on its
@@ -58,7 +58,7 @@ def slot_value(rt: RadixFlowRuntime, sched: Scheduler, req: Req, b: Blocking,
     taken = req_len(req) - b.ready
     best = 0.0
     for n, (x, sibs, common, between, after) in enumerate(
-            later_groups(rt._scan, req, req_tokens(req), t.group_depth(b), theta)):
+            later_groups(scan, req, req_tokens(req), t.group_depth(b), theta)):
         if n >= GROUPS:
             break
         xt = req_tokens(x)
