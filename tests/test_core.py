@@ -569,43 +569,6 @@ def test_cost_aware_cut_goes_to_the_mark_only_where_waiting_for_it_still_wins():
         assert t.decide(c2, b2, view, CostCoeffs(alpha, 1e-5, 0.0)).wait
 
 
-def test_a_marks_later_users_make_waiting_there_win():
-    """no_buffer: a group that recomputes leaves no state at the producer's mark (the document
-    end), so every later question on the document recomputes it too. The mark's expected later
-    users (its marker's reuse share, `RoundView.mark_users`) credit the wait there with the
-    recompute they are spared (`reuse_credit`): qwen3.5-27b race, alpha 100 ms, no_buffer,
-    seed 1, the later questions ran 4 cold branches each (1.47x the always-wait rule). Without
-    users the verdict is the previous test's (alpha 25 ms recomputes); the probe skip does not
-    decide for a candidate whose mark has users."""
-    from radixflow_sglang.core.cost import CostCoeffs, RoundView
-
-    doc_end = len(DOC) - 200
-    cost = CostCoeffs(0.025, 1e-5, 0.0)
-    # NOTE: at the mark wait 2 x (alpha + 620 beta) = 62 ms vs recompute 2 x 1,800 beta = 36 ms,
-    # plus the credit users x 1,800 beta x (1 + behind) = users x 36 ms
-    for users, waits in ((0.0, False), (0.2, False), (1.0, True)):
-        view = RoundView(rows=1, behind=1, budget_left=8192, demand_after=0, mean_extend=100.0,
-                         rows_left=60, mark_users=users)
-        t = Traversal(TraversalConfig.default(Grid(Layout.NO_BUFFER, G), False,
-                                              cost_aware=True))
-        t.begin_round([], 1)
-        p = producer_for(t, "P", P_TOK)
-        p.mark = doc_end
-        t.admitted(p)
-        c0 = cand("A", A_TOK)
-        skip = t.recomputes_unprobed(c0, t.blockings(c0, t.may_block("A", None, A_TOK)),
-                                     lambda b, view=view: view, cost)
-        assert skip is (users == 0.0)
-        c = cand("A", A_TOK)
-        b = t.classify(c)
-        v = t.decide(c, b, view, cost)
-        assert v.wait is waits
-        if waits:
-            assert v.recompute_s == pytest.approx(0.036 + 0.036)
-            assert t.placed(c, b).depth == doc_end
-            assert t.park(c, t.placed(c, b)) and p.publish == doc_end
-
-
 def test_no_buffer_zero_slots_blocks_only_on_planned_publish():
     t = traversal(Layout.NO_BUFFER, slots=0)
     t.admitted(producer_for(t, "P", DOC))  # publishes at its end = the whole doc
