@@ -196,12 +196,6 @@ class BoundaryPublisher:
         m = self._fork_marks.get(rid)
         return None if m is None else m[0]
 
-    def mark_users(self, rid: str) -> float:
-        """Expected later users of a state at `rid`'s fork mark: its marker's reuse share (0
-        without a mark)."""
-        m = self._fork_marks.get(rid)
-        return 0.0 if m is None else m[1].usage.rate
-
     def fork_cut(self, req: Req, tokens, ns, depth: int) -> None:
         """The traversal cut `req` at its fork mark for waiting consumers: book it as a
         marker publication (its later reuse teaches the marker's usage rate)."""

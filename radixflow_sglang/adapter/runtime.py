@@ -292,7 +292,7 @@ class RadixFlowRuntime:
             self._scan = self._scan or _ScanView.of(sched)
             first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
             sib = self._siblings(req, tokens, t.group_depth(b), sibs) if first else 0
-            view = self._view(req, adder, sib, b)
+            view = self._view(req, adder, sib)
             if first and self.grid.layout is Layout.NO_BUFFER:  # NOTE: SGLang's one chunk
                 view = slot.priced(self, self._scan, sched, req, b, view)
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
@@ -327,7 +327,7 @@ class RadixFlowRuntime:
         self._scan = self._scan or _ScanView.of(sched)
         ok = t.recomputes_unprobed(
             c0, bs, lambda b: self._view(req, adder, self._siblings(
-                req, c0.tokens, t.group_depth(b), sibs), b), self.cost.decision_coeffs)
+                req, c0.tokens, t.group_depth(b), sibs)), self.cost.decision_coeffs)
         if ok and self._trace is not None:
             self._emit({"event": "decide", "round": self.round, "rid": req.rid,
                         "producer": bs[0].producer, "ready": None, "depth": bs[0].depth,
@@ -340,14 +340,10 @@ class RadixFlowRuntime:
             memo[depth] = self._scan.siblings(req, namespace(req), tokens, depth)
         return memo[depth]
 
-    def _view(self, req: Req, adder: PrefillAdder, siblings: int,
-              b: Blocking | None = None) -> RoundView:
+    def _view(self, req: Req, adder: PrefillAdder, siblings: int) -> RoundView:
         # NOTE: a round's host time adds to its latency only without overlap
         host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
-        v = self._scan.view(req, adder, siblings, host, self.arrival_rate)
-        if b is not None and b.mark is not None:
-            v = replace(v, mark_users=self.boundary.mark_users(b.producer))
-        return v
+        return self._scan.view(req, adder, siblings, host, self.arrival_rate)
 
     def after_add(self, sched: Scheduler, req: Req, adder: PrefillAdder, res) -> None:
         if not (adder.can_run_list and req is adder.can_run_list[-1]):

@@ -260,9 +260,6 @@ class RoundView:
     # NOTE: no_buffer: what a later sibling group of this scan saves by waiting, which a wait
     # whose fork cut takes SGLang's one chunk slot denies it (adapter/slot.py)
     slot_value: float = 0.0
-    # NOTE: no_buffer: expected later users of a state at the producer's learned mark (its
-    # marker's reuse share, `UsageRate`); 0: none expected (docs/design.md, "A mark's later users")
-    mark_users: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -362,13 +359,6 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         wait_s += wait_wins(c, cj, vw).wait_s
         recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
-
-
-def reuse_credit(c: CostCoeffs, gain: int, v: RoundView) -> float:
-    """Summed latency a state `gain` tokens past the ready prefix saves the next request that
-    reuses it (with probability min(`v.mark_users`, 1)): without it that request recomputes
-    the gain, work that delays it and the requests behind it (`cut_pays`'s benefit side)."""
-    return min(v.mark_users, 1.0) * c.beta * max(gain, 0) * (1 + v.behind)
 
 
 def group_saving(c: CostCoeffs, case: WaitCase, v: RoundView) -> float:

@@ -24,7 +24,6 @@ from .cost import (
     WaitCase,
     group_wait_wins,
     recomputes_at_every_ready,
-    reuse_credit,
 )
 from .grid import Grid, Layout
 from .outcome import Blocking
@@ -218,21 +217,19 @@ class Traversal:
             v = self._groups[key] = Verdict(False, 0.0, 0.0)  # its group recomputed unprobed
         if v is None:
             v = group_wait_wins(cost, self._case(c, b, lag), view)
-            if b.mark is not None:
-                # NOTE: the cut moves to the mark only where the group waits for it: a smaller
-                # gain, a longer rest (a marginal wait at the fork recomputes at the mark, and
-                # its question then runs cold whole), but a state later requests reuse (their
-                # recompute, `reuse_credit`: a recompute leaves no state there)
+            self._groups[key] = v
+            if v.wait and b.mark is not None:
+                # NOTE: the fork's verdict decides; the cut moves to the mark only where the
+                # group still waits for it (a smaller gain, a longer rest: a marginal wait at
+                # the fork recomputes at the mark, and its question then runs cold whole)
                 m = Blocking(b.producer, b.mark, b.ready, b.fork)
                 vm = group_wait_wins(cost, self._case(c, m, lag), view)
-                credit = reuse_credit(cost, b.mark - b.ready, view)
-                if vm.wait_s < vm.recompute_s + credit:
-                    v = Verdict(True, vm.wait_s, vm.recompute_s + credit)
+                if vm.wait:
                     at = self._group(c, m)
-                    self._groups[at] = v
+                    self._groups[at] = vm
                     self._group_waits.add(_unready(at))
                     self._marked[key] = m
-            self._groups[key] = v
+                    v = vm
         if v.wait:
             self._group_waits.add(_unready(key))
             if lag > 1:
@@ -282,10 +279,7 @@ class Traversal:
             if g in self._unprobed:
                 continue
             lag = 1 if b.producer in self._inflight else self.cfg.lag
-            vb = view(b)
-            if b.mark is not None and vb.mark_users > 0:
-                return False  # NOTE: the mark's later users may make its wait win (`decide`)
-            if not recomputes_at_every_ready(cost, self._case(c, b, lag), vb):
+            if not recomputes_at_every_ready(cost, self._case(c, b, lag), view(b)):
                 return False
         self._unprobed.update(groups)
         return True
