@@ -293,7 +293,7 @@ class RadixFlowRuntime:
             first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
             sib = self._siblings(req, tokens, t.group_depth(b), sibs) if first else 0
             view = self._view(req, adder, sib)
-            if first and self.grid.layout is Layout.NO_BUFFER:  # NOTE: SGLang's one chunk
+            if first:  # NOTE: no_buffer: a fork cut takes SGLang's one chunk slot
                 view = slot.priced(self, self._scan, sched, req, b, view)
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
             b = t.placed(cand, b)
