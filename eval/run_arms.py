@@ -82,6 +82,7 @@ from radixflow_sglang import models
 from radixflow_sglang.core.boundary import MODES as BOUNDARY_MODES
 from radixflow_sglang.core.policy import POLICIES
 from radixflow_sglang.testing.server import (
+    START_ATTEMPTS,
     Server,
     ServerError,
     free_port,
@@ -153,7 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overlap scheduling (default off: --disable-overlap-schedule, as the "
                         "twin's default)")
     p.add_argument("--server-args", default="", help="extra SGLang args for every arm")
-    p.add_argument("--start-timeout", type=cli.positive(float), default=600.0)
+    p.add_argument("--start-timeout", type=cli.positive(float), default=600.0,
+                   help="seconds a server may take to get ready (per start)")
+    p.add_argument("--start-attempts", type=cli.positive(int), default=START_ATTEMPTS,
+                   help="starts per server: one that hangs before it is ready is stopped, its "
+                        "log and stacks kept as server.log.attempt<k>, and started again "
+                        "(default 2; a crash is never retried)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--no-progress", action="store_true")
     add_shape_args(p)
@@ -359,7 +365,7 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
     t0 = time.perf_counter()
     try:
         with Server(cmd, server_env(), arm_dir / "server.log", port) as srv:
-            srv.wait_ready(cfg.start_timeout)
+            srv.wait_ready(cfg.start_timeout, cfg.start_attempts)
             info = http_json(srv.base + "/server_info")
             (arm_dir / "server_info.json").write_text(json.dumps(info, indent=1, default=str))
             sender = make_sender(spec, srv.base, cfg.pool, cfg.model, cfg.n_param)
@@ -384,13 +390,21 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
         add_log_rounds(arm.metrics, batches)
         # NOTE: the scheduler's host time over the replay, read from the OS for every arm
         arm.metrics["scheduler_cpu_s"] = sched_cpu
+        arm.metrics["server_start_attempts"] = srv.start_attempts
     except Exception as e:  # noqa: BLE001 - the arm fails with its error, never filled in
         arm.error_detail = f"{type(e).__name__}: {e}"
-        arm.error = " ".join(arm.error_detail.split())[:2000]  # one line: it goes in tables
+        arm.error = one_line(arm.error_detail)  # NOTE: it goes in tables
         if raw_path.exists() and not arm.records:
             arm.records = client.read_jsonl(raw_path)
     arm.wall_s = time.perf_counter() - t0
     return arm
+
+
+def one_line(text: str, head: int = 400, tail: int = 2600) -> str:
+    """An error on one line for tables and stderr: its start (what failed) and its end (the
+    server log's last lines and stacks, where a hang shows)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= head + tail else f"{flat[:head]} [...] {flat[-tail:]}"
 
 
 def bench_order(policies: Sequence[str], repeats: int) -> list[tuple[int, str]]:
@@ -417,7 +431,7 @@ def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Nam
     done = 0
     try:
         with Server(cmd, server_env(), log, port) as srv:
-            srv.wait_ready(cfg.start_timeout)
+            srv.wait_ready(cfg.start_timeout, cfg.start_attempts)
             for run in runs:
                 t0 = time.perf_counter()
                 mark = len(prefill_log_lines(log))
@@ -431,13 +445,14 @@ def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Nam
                         lambda mark=mark: prefill_log_lines(log)[mark:],
                         trace_path if spec.traced else None, cfg.bench_timeout)
                     server["scheduler_cpu_s"] = bench_arm.scheduler_cpu_s(srv.proc.pid) - cpu0
+                    server["server_start_attempts"] = srv.start_attempts
                     srv.idle_leak_check()
                 finally:
                     run.wall_s = time.perf_counter() - t0
                 run.result, run.server = result, server
                 done += 1
     except Exception as e:  # noqa: BLE001 - the runs fail with the error, never filled in
-        text = " ".join(f"{type(e).__name__}: {e}".split())[:2000]
+        text = one_line(f"{type(e).__name__}: {e}")
         for run in runs[done:]:
             run.error, run.result, run.server = text, None, None
     for run in runs:
@@ -693,7 +708,9 @@ def _print_bench(run: bench_arm.BenchRun) -> None:
           f"rounds={s['rounds_sglang_log']} e2e_mean={r['mean_e2e_latency_ms']:.1f}ms "
           f"ttft_mean={r['mean_ttft_ms']:.1f}ms thr={r['request_throughput']:.2f}req/s "
           f"sched_cpu={s.get('scheduler_cpu_s', math.nan):.2f}s "
-          f"({run.wall_s:.1f}s wall)", file=sys.stderr)
+          f"({run.wall_s:.1f}s wall)"
+          + (f" [server started {n} times]" if (n := s.get("server_start_attempts", 1)) > 1
+             else ""), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -43,12 +43,13 @@ def server(request, tmp_path):
     ]
     with Server(cmd, env, log, port, cwd=ROOT) as srv:  # NOTE: eval/run_arms.py's server handling
         srv.wait_ready(START_TIMEOUT_S)
-        yield srv.base, srv.proc, log, request.param
+        yield srv, log, request.param
 
 
 @pytest.mark.slow  # ~50-65 s per policy on 2 cores, almost all of it SGLang's process start-up
 def test_four_branches_on_a_shared_document(server):
-    base, proc, log, policy = server
+    srv, log, policy = server
+    base, proc = srv.base, srv.proc
     rng = random.Random(0)
     doc = [rng.randrange(1000, 100_000) for _ in range(2000)]
     branches = [doc + [rng.randrange(1000, 100_000) for _ in range(40)] for _ in range(4)]
@@ -86,6 +87,13 @@ def test_four_branches_on_a_shared_document(server):
         assert any(r["event"] == "round" and r["scheduled_tokens"] > 0 for r in rounds)
     else:
         assert not trace.exists()
+
+    # A hang can be read from the log: every process that loaded our plugin (the launcher,
+    # the scheduler, the detokenizer) writes its stacks on SIGUSR2 and goes on serving.
+    stacks = srv.dump_stacks()
+    for where in ("event_loop_normal", "detokenizer_manager.py", "uvicorn"):
+        assert where in stacks, where
+    assert generate(branches[1])["output_ids"] == outs[1]["output_ids"]
 
     # Clean shutdown: SIGTERM drains and exits the whole process tree.
     os.killpg(proc.pid, signal.SIGTERM)

@@ -8,6 +8,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,13 @@ LEAK_MARKERS = ("memory leak detected", "Mem Leak Detected", "use-after-free", "
 # fully idle (is_fully_idle: last_batch cleared too, one iteration after the last batch). The
 # third answer therefore proves a fully idle iteration's check ran and did not raise.
 IDLE_ROUND_TRIPS = 3
+# NOTE: a server that never got ready is asked for its Python stacks before it is stopped:
+# every process that ran radixflow_sglang/plugin.py register() dumps them on this signal.
+STACK_SIGNAL = signal.SIGUSR2
+STACK_WAIT_S = 10.0
+# NOTE: starts per server by default. A CI run once saw a stock server alive but never ready
+# (10 min, its log tail ending in start-up); the second start is what a user would do by hand.
+START_ATTEMPTS = 2
 
 
 def free_port() -> int:
@@ -45,6 +53,10 @@ class ServerError(RuntimeError):
     pass
 
 
+class StartTimeout(ServerError):
+    """Alive but not ready within the start-up bound (a crash is a plain ServerError)."""
+
+
 class Server:
     """A server process in its own session; stopped with SIGTERM to its process group."""
 
@@ -53,16 +65,21 @@ class Server:
         self.cmd, self.env, self.log, self.port, self.cwd = cmd, dict(env), log, port, cwd
         self.base = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
+        self.start_attempts = 0
 
     def __enter__(self) -> Server:
+        self._start()
+        return self
+
+    def _start(self) -> None:
         if port_in_use(self.port):
             raise ServerError(f"port {self.port} is already in use")
+        self.start_attempts += 1
         with open(self.log, "w") as out:
             out.write("$ " + shlex.join(self.cmd) + "\n")
             out.flush()
             self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, env=self.env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -75,17 +92,59 @@ class Server:
             raise ServerError(f"server exited rc={self.proc.returncode} {what}; log tail:\n"
                               + self.tail())
 
-    def wait_ready(self, timeout: float) -> None:
-        """/health answers 200 and SGLang's warm-up request is done (its ready line)."""
+    def wait_ready(self, timeout: float, attempts: int = START_ATTEMPTS) -> None:
+        """/health answers 200 and SGLang's warm-up request is done (its ready line).
+
+        A server still alive but not ready after `timeout` has its stacks dumped into its log,
+        which is kept as `<log>.attempt<k>`, and is started afresh, `attempts` starts in all
+        (a start-up hang is not a measurement; a crash is never retried)."""
+        while True:
+            try:
+                return self._wait_ready_once(timeout)
+            except StartTimeout as e:
+                if self.start_attempts >= attempts:
+                    raise
+                kept = self.log.with_name(f"{self.log.name}.attempt{self.start_attempts}")
+                self.stop()
+                self.log.replace(kept)
+                print(f"[server] start {self.start_attempts} of {attempts} hung; its log and "
+                      f"stacks: {kept}; starting again. {str(e)[:300]}", file=sys.stderr)
+                self._start()
+
+    def _wait_ready_once(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             self.check_alive("during start-up")
             if time.monotonic() > deadline:
-                raise ServerError(f"server not ready after {timeout:.0f} s; log tail:\n"
-                                  + self.tail())
+                before = self.tail()
+                stacks = self.dump_stacks()
+                raise StartTimeout(f"server not ready after {timeout:.0f} s (log: {self.log}); "
+                                   f"log tail:\n{before}\nstacks on {STACK_SIGNAL.name}:\n"
+                                   + (stacks[-3000:] or "(none written)"))
             if READY_LINE in self.tail(20_000) and self._healthy():
                 return
             time.sleep(1.0)
+
+    def dump_stacks(self) -> str:
+        """Ask the server's process group for its Python stacks (faulthandler, registered by
+        radixflow_sglang/plugin.py); what the log gained, once it stops growing (bounded)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return ""
+        size = self.log.stat().st_size if self.log.exists() else 0
+        try:
+            os.killpg(self.proc.pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            return ""
+        deadline, last = time.monotonic() + STACK_WAIT_S, -1
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = self.log.stat().st_size
+            if now == last and now > size:
+                break
+            last = now
+        with open(self.log, "rb") as f:
+            f.seek(size)
+            return f.read().decode(errors="replace")
 
     def wait_healthy(self, timeout: float) -> None:
         """/health answers 200 (a process without SGLang's ready line, e.g. the router)."""
