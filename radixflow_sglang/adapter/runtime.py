@@ -292,7 +292,7 @@ class RadixFlowRuntime:
             self._scan = self._scan or _ScanView.of(sched)
             first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
             sib = self._siblings(req, tokens, t.group_depth(b), sibs) if first else 0
-            view = self._view(req, adder, sib)
+            view = self._view(req, adder, sib, b.producer)
             if first:  # NOTE: no_buffer: a fork cut takes SGLang's one chunk slot
                 view = slot.priced(self, self._scan, sched, req, b, view)
             verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
@@ -327,7 +327,7 @@ class RadixFlowRuntime:
         self._scan = self._scan or _ScanView.of(sched)
         ok = t.recomputes_unprobed(
             c0, bs, lambda b: self._view(req, adder, self._siblings(
-                req, c0.tokens, t.group_depth(b), sibs)), self.cost.decision_coeffs)
+                req, c0.tokens, t.group_depth(b), sibs), b.producer), self.cost.decision_coeffs)
         if ok and self._trace is not None:
             self._emit({"event": "decide", "round": self.round, "rid": req.rid,
                         "producer": bs[0].producer, "ready": None, "depth": bs[0].depth,
@@ -340,10 +340,23 @@ class RadixFlowRuntime:
             memo[depth] = self._scan.siblings(req, namespace(req), tokens, depth)
         return memo[depth]
 
-    def _view(self, req: Req, adder: PrefillAdder, siblings: int) -> RoundView:
+    def _view(self, req: Req, adder: PrefillAdder, siblings: int,
+              producer: str | None = None) -> RoundView:
         # NOTE: a round's host time adds to its latency only without overlap
         host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
-        return self._scan.view(req, adder, siblings, host, self.arrival_rate)
+        tied = int(self._tied(req, producer, adder))
+        return self._scan.view(req, adder, siblings, host, self.arrival_rate, tied)
+
+    def _tied(self, req: Req, producer: str | None, adder: PrefillAdder) -> bool:
+        """`producer` was selected this scan, finishes its prefill in it, and arrived with `req`
+        (registered in the same or an adjacent scan: a fork's branches, n samples): one question,
+        whose latency is its last member's (core/cost.py `RoundView.tied`). Rank-identical."""
+        p = self._scan_reqs.get(producer) if producer is not None else None
+        if p is None or p is adder.new_chunked_req:
+            return False
+        rp, rc = self.requests.get(producer), self.requests.get(req.rid)
+        return rp is not None and rc is not None and (
+            abs(rp.registered_round - rc.registered_round) <= 1)
 
     def after_add(self, sched: Scheduler, req: Req, adder: PrefillAdder, res) -> None:
         if not (adder.can_run_list and req is adder.can_run_list[-1]):
@@ -581,7 +594,8 @@ class RadixFlowRuntime:
     def _register(self, req: Req) -> None:
         if req.rid not in self.requests:
             self._seq += 1
-            self.requests[req.rid] = RequestStats(req.rid, self.clock(), seq=self._seq)
+            self.requests[req.rid] = RequestStats(req.rid, self.clock(), seq=self._seq,
+                                                  registered_round=self.round)
 
     def _producer(self, req: Req, movable: bool) -> Producer:
         prefix, end = req.prefix_len, req.extend_end
@@ -712,7 +726,7 @@ class _ScanView:
         return n
 
     def view(self, req: Req, adder: PrefillAdder, siblings: int = 0, host_s: float = 0.0,
-             arrival_rate: float = 0.0) -> RoundView:
+             arrival_rate: float = 0.0, tied: int = 0) -> RoundView:
         run = adder.can_run_list
         i = self.pos.get(req.rid, self.queued - 1)
         left = budget_left(adder)
@@ -724,7 +738,7 @@ class _ScanView:
             rows_left=max(self.row_budget - self.running - len(run), 0),
             parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
             token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings,
-            host_s=host_s, arrival_rate=arrival_rate)  # NOTE: built once (no replace)
+            host_s=host_s, arrival_rate=arrival_rate, tied=tied)  # NOTE: built once
 
     def parked(self, extend: int) -> None:
         self.parked_tokens += extend

@@ -72,7 +72,7 @@ def slot_value(rt: RadixFlowRuntime, scan: _ScanView, sched: Scheduler, req: Req
         if t.classify(Candidate(x.rid, namespace(x), xt, ready, len(xt) - 1)) is not None:
             continue  # its first waits for a producer itself: it makes no cut of its own
         case = WaitCase(ready, depth, req_len(sibs[0]), lag, len(xt) - depth)
-        vx = replace(view, siblings=len(sibs) - 1, demand_after=after,
+        vx = replace(view, siblings=len(sibs) - 1, demand_after=after, tied=0,
                      budget_left=max(view.budget_left - between - taken - (depth - ready), 0))
         best = max(best, group_saving(coeffs, case, vx))
     return best

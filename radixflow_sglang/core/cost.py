@@ -260,6 +260,10 @@ class RoundView:
     # NOTE: no_buffer: what a later sibling group of this scan saves by waiting, which a wait
     # whose fork cut takes SGLang's one chunk slot denies it (adapter/slot.py)
     slot_value: float = 0.0
+    # NOTE: requests selected this round whose latency ends with the candidate's group's: its
+    # producer, when the group arrived with it (a fork, n samples: one question). Waiting then
+    # delays them too, once per group (docs/design.md, "Tied producers")
+    tied: int = 0
 
 
 @dataclass(frozen=True)
@@ -307,6 +311,11 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     between = (v.host_s + c(min(v.row_budget, over_rows), min(v.token_budget, overflow))
                if overflow else 0.0)
     wait_s = nxt + (case.lag - 1) * between
+    if v.tied and not cut:
+        # NOTE: a producer that finishes this round without a cut is credited its early finish
+        # by the request sum; its question ends with the consumers, so the wait delays it too
+        # (with a cut it finishes a round later anyway: counted below)
+        wait_s += v.tied * wait_s
     if cut:
         # NOTE: a no_buffer fork ends the producer's extend at the fork: the producer finishes
         # its rest a round later too (the consumer whose wait makes the cut pays for it), less
@@ -351,11 +360,13 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     for j in range(k):
         cj = case if j == 0 else rest
         dem = max(v.demand_after - j * case.length, 0)
+        # NOTE: the tied wait for the round that runs the whole group: the last sibling's
+        tied = v.tied if j == k - 1 and not case.cut_rest else 0
         vw = _copy(v, demand_after=dem, parked_rows=v.parked_rows + j,
-                   parked_tokens=v.parked_tokens + j * e2, siblings=0)
+                   parked_tokens=v.parked_tokens + j * e2, siblings=0, tied=tied)
         vr = _copy(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
                    budget_left=max(v.budget_left - j * e, 0),
-                   rows_left=max(v.rows_left - j, 0), siblings=0)
+                   rows_left=max(v.rows_left - j, 0), siblings=0, tied=tied)
         wait_s += wait_wins(c, cj, vw).wait_s
         recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)

@@ -40,6 +40,7 @@ class RequestStats:
     rid: str
     registered: float
     seq: int = 0  # registration order (identical on every TP rank)
+    registered_round: int = 0  # the scan count when first seen (identical on every TP rank)
     first_selected: float | None = None
     first_selected_round: int | None = None
     rounds_parked: int = 0
