@@ -91,12 +91,14 @@ def test_kit_a_policy_without_the_cost_rule_shares_no_rate(make_kit):
 def test_twin_under_a_backlog_the_cost_rule_schedules_what_always_waiting_does() -> None:
     """Synthetic mix on qwen3.5-4b at 24 q/s (a backlog of several rounds): the rule recomputed
     18 siblings beside their producers (1.032x always-wait's tokens, mean latency 1.04x), each
-    delaying the arrivals queued behind the backlog. It now waits as always-wait does."""
+    delaying the arrivals queued behind the backlog. It now waits as always-wait does, except
+    the groups whose producer arrived with them (tied, core/cost.py `RoundView.tied`: 10
+    recomputed, 1.013x the tokens, mean 0.98x always-wait's: their questions end sooner)."""
     from eval.sweep import Setup, run_point
 
     setup = Setup(workload="synthetic", questions=40, seed=3)
     rule, always = (run_point(setup, p, 24.0) for p in ("radixflow", "radixflow-always"))
     assert always["recomputed"] == 0
-    assert rule["recomputed"] <= 6
-    assert rule["scheduled_tokens"] <= 1.01 * always["scheduled_tokens"]
-    assert rule["latency_mean_s"] <= 1.02 * always["latency_mean_s"]
+    assert rule["recomputed"] <= 12
+    assert rule["scheduled_tokens"] <= 1.02 * always["scheduled_tokens"]
+    assert rule["latency_mean_s"] <= always["latency_mean_s"]

@@ -87,6 +87,31 @@ def test_a_fork_cut_pays_for_the_chunk_slot_it_takes():
     assert group_saving(CostCoeffs(0.2, QWEN_4B.beta, QWEN_4B.gamma), short, view()) == 0.0
 
 
+def test_a_tied_producer_turns_a_marginal_group_wait_into_a_recompute():
+    """A question's branches (producer + 3 consumers, 374 shared tokens, 14 own) on the twin's
+    qwen3-8b coefficients at alpha 50 ms. Summed over requests the wait wins by ~2 %: it credits
+    the producer's early finish. The question ends with its last branch, so a tied producer
+    (`RoundView.tied`) is delayed by the wait too, once per group: it recomputes. A long
+    document still waits; a cut producer finishes a round later anyway (nothing added)."""
+    from eval.costmodel import cost_with
+
+    c = cost_with("qwen3-8b", alpha_ms=50)
+    case = WaitCase(ready=0, depth=374, length=388, lag=1)
+    untied = group_wait_wins(c, case, view(siblings=2))
+    tied = group_wait_wins(c, case, view(siblings=2, tied=1))
+    assert untied.wait and untied.recompute_s < 1.05 * untied.wait_s  # the marginal case
+    assert not tied.wait
+    assert tied.recompute_s == untied.recompute_s
+    added = tied.wait_s - untied.wait_s
+    assert untied.wait_s / 4 < added < untied.wait_s / 2  # one round, not one per sibling
+    long_doc = WaitCase(ready=0, depth=3000, length=3014, lag=1)
+    assert group_wait_wins(c, long_doc, view(siblings=2, tied=1)).wait
+    cut = WaitCase(ready=0, depth=374, length=388, lag=1, cut_rest=14)
+    assert (group_wait_wins(c, cut, view(siblings=2, tied=1))
+            == group_wait_wins(c, cut, view(siblings=2)))
+    assert wait_wins(c, cut, view(tied=1)) == wait_wins(c, cut, view())
+
+
 def test_a_newcomer_waits_out_a_released_consumers_round_only_when_its_work_outweighs_a_round():
     # 3 consumers finish with the round; a 6,000-token document would add ~102 ms to each,
     # while one more round costs its 8 ms fixed cost to the 4 requests that finish later.
@@ -602,12 +627,13 @@ def test_kit_a_newcomer_keeps_out_of_a_released_consumers_round(make_kit, policy
 
 
 def test_kit_overlap_siblings_that_wait_two_rounds_run_together(make_kit):
-    """SGLang's real scan under overlap (nemotron-9b, a 300-token document, 4 branches): the
+    """SGLang's real scan under overlap (nemotron-9b, a 400-token document, 4 branches): the
     three consumers wait 2 rounds for the first branch; their second visit used to re-decide
-    on the one round left and split them (two recomputed, one ran alone a round later)."""
+    on the one round left and split them (two recomputed, one ran alone a round later).
+    NOTE: 300 tokens until the tied producer (`RoundView.tied`) made that question recompute."""
     k = make_kit("nemotron-9b", "extra_buffer", "traversal", overlap=True)
     k.runtime.use_prior(CostCoeffs(0.02, 4e-5, 9e-5, 1e-10))
-    doc = list(range(1000, 1300))
+    doc = list(range(1000, 1400))
     k.submit(*[k.req(f"b{i}", doc + list(range(90_000 + 40 * i, 90_000 + 40 * i + 90)))
                for i in range(4)])
     rounds = [sorted(r.rids) for r in k.drain()]
@@ -674,6 +700,29 @@ def test_decide_gives_a_sibling_group_one_verdict_per_scan():
     assert verdicts == [True, True, True]
     t.begin_round([], fork_slots=1 << 30)  # a new scan decides afresh
     assert t.group_verdict(cands[2], b) is None
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_kit_a_question_that_arrives_together_runs_together(make_kit, monkeypatch, overlap):
+    """SGLang's real scan (qwen3-8b, alpha 50 ms, the twin's coefficients): a RACE-like question
+    arrives whole (374 shared tokens, 14 own per branch). Its producer is tied to its consumers
+    (adapter/runtime.py `_tied`): one round of 1,552 tokens, as stock, finishing with stock's
+    round. Untied, the request sum waits: two rounds, the question ends with the second."""
+    from eval.costmodel import cost_with
+
+    def run() -> list[tuple[list[str], int]]:
+        k = make_kit("qwen3-8b", "extra_buffer", "radixflow", overlap=overlap)
+        k.runtime.use_prior(cost_with("qwen3-8b", alpha_ms=50))
+        doc = list(range(1000, 1374))
+        k.submit(*[k.req(f"b{i}", doc + list(range(50_000 + 40 * i, 50_014 + 40 * i)))
+                   for i in range(4)])
+        k.drain()
+        assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+        return [(sorted(r.rids), r.scheduled_tokens) for r in k.rounds if r.mode == "prefill"]
+
+    assert run() == [(["b0", "b1", "b2", "b3"], 4 * 388)]
+    monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_tied", lambda *a: False)
+    assert run() == [(["b0"], 388), (["b1", "b2", "b3"], 3 * 14)]
 
 
 def test_kit_siblings_are_not_split_between_recompute_and_wait(make_kit):

@@ -288,8 +288,9 @@ def _pairs(prefix: int, extend: int) -> float:
 
 def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     """Wait iff the summed latency it adds (the candidate, lag rounds later) is below the summed
-    latency recomputing adds (its extra work delays every request finishing after this round,
-    and a binding budget pushes displaced work a round back). Pure, rank-identical inputs."""
+    latency recomputing adds (its whole extend delays what finishes with this round, its extra
+    work what finishes later, and a binding budget pushes displaced work a round back). Pure,
+    rank-identical inputs."""
     e = case.length - case.ready  # extend if it runs now
     e2 = case.length - case.depth  # extend after the wait
     gain = case.depth - case.ready
@@ -331,13 +332,22 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     drain = (c.beta * overflow + c.gamma * over_rows
              + math.ceil(overflow / max(v.token_budget, 1)) * (c.alpha + v.host_s))
     arriving = v.arrival_rate * drain
-    recompute_s = extra * (v.rows + v.behind + arriving) + displaced * nxt
+    # NOTE: what finishes with this round (its rows, the candidate, the siblings recomputing
+    # with it) is delayed by the candidate's whole extend: waiting moves all of it out of the
+    # round. What finishes later anyway runs the rest in a later round either way: the gain.
+    here = v.rows + 1 + min(v.siblings, max(v.rows_left - 1, 0))
+    full = c.beta * e + c.delta * _pairs(case.ready, e) + c.gamma
+    recompute_s = (full * here + extra * (max(v.rows + v.behind - here, 0) + arriving)
+                   + displaced * nxt)
     rest = e - v.budget_left
     if rest > 0:
         # NOTE: it does not fit what is left of the budget: recomputing chunks it, and it
         # finishes only with its rest, one round later per budget's worth (its own rounds),
         # which are longer than the round it would join after the wait.
-        recompute_s += math.ceil(rest / max(v.token_budget, 1)) * nxt + c.beta * max(rest - e2, 0)
+        spill = math.ceil(rest / max(v.token_budget, 1)) * nxt
+        recompute_s += spill + c.beta * max(rest - e2, 0)
+        # NOTE: a tied producer's question then ends with the rest too (it waits either way)
+        recompute_s += v.tied * spill
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
 
 
@@ -364,9 +374,11 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         tied = v.tied if j == k - 1 and not case.cut_rest else 0
         vw = _copy(v, demand_after=dem, parked_rows=v.parked_rows + j,
                    parked_tokens=v.parked_tokens + j * e2, siblings=0, tied=tied)
+        # NOTE: the siblings after j recompute in this round too (`siblings`: they finish
+        # with it), the ones before j are its rows
         vr = _copy(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
                    budget_left=max(v.budget_left - j * e, 0),
-                   rows_left=max(v.rows_left - j, 0), siblings=0, tied=tied)
+                   rows_left=max(v.rows_left - j, 0), siblings=k - 1 - j, tied=tied)
         wait_s += wait_wins(c, cj, vw).wait_s
         recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
@@ -417,8 +429,8 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
 
     - every queued request fits the round at its full length (`len(lengths) * (max + page)`
       within `budget`, and two rows to spare), so no recompute displaces work, overflows,
-      chunks or meets a backlog: recomputing costs only its extra work times the requests
-      present, `extra * (rows + behind) <= (beta * L + |delta| * L**2 / 2) * present`;
+      chunks or meets a backlog: recomputing costs at most its whole extend and row times
+      the requests present, `<= (beta * L + |delta| * L**2 / 2 + gamma) * present`;
     - waiting costs at least the next round's host time and fixed cost, `host_s + c(1, 0)`.
     """
     if not lengths or min(c.alpha, c.beta, c.gamma) < 0:
@@ -426,7 +438,7 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
     longest, present = max(lengths), len(lengths) + running
     if len(lengths) * (longest + page) > budget or present + 1 > row_budget:
         return False
-    extra = c.beta * longest + abs(c.delta) * longest * longest / 2
+    extra = c.beta * longest + abs(c.delta) * longest * longest / 2 + c.gamma
     return extra * present < host_s + c(1, 0)
 
 
