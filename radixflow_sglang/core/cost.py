@@ -335,7 +335,7 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     # NOTE: what finishes with this round (its rows, the candidate, the siblings recomputing
     # with it) is delayed by the candidate's whole extend: waiting moves all of it out of the
     # round. What finishes later anyway runs the rest in a later round either way: the gain.
-    here = v.rows + 1 + min(v.siblings, max(v.rows_left - 1, 0))
+    here = v.rows + group_size(v)  # NOTE: the candidate and the siblings its rows can take
     full = c.beta * e + c.delta * _pairs(case.ready, e) + c.gamma
     recompute_s = (full * here + extra * (max(v.rows + v.behind - here, 0) + arriving)
                    + displaced * nxt)
