@@ -167,3 +167,28 @@ def test_a_long_shared_document_keeps_the_hooks_on(make_kit) -> None:
     assert not k.last_scan.quiet and not k.runtime.stats.quiet
     assert k.runtime.summary()["quiet_scans"] == 0
     assert k.runtime.parked()  # its siblings wait for the first one's document state
+
+
+def test_a_trace_numbers_quiet_and_traversal_rounds_by_one_count(make_kit, tmp_path) -> None:
+    """A quiet scan skips the traversal, whose own round count then lags the scans: the trace's
+    round events carry the scan's number, as its decide and forward events do (eval/calibrate.py
+    orders rounds and matches selections by it)."""
+    import json
+
+    from radixflow_sglang.config import RadixFlowConfig
+
+    trace = tmp_path / "t.jsonl"
+    k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow",
+                 radixflow_config=RadixFlowConfig(policy="radixflow", trace=str(trace)))
+    k.runtime.use_prior(SMALL)
+    k.submit(*_question(k, "q", DOC))
+    k.step()
+    assert k.runtime.stats.quiet
+    k.submit(*_question(k, "d", list(range(10_000, 16_000))))
+    k.step()
+    assert not k.runtime.stats.quiet and k.runtime.parked()
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    rounds = [(e["round"], e["quiet"]) for e in events if e["event"] == "round"]
+    assert rounds == [(1, True), (2, False)]
+    decided = {e["round"] for e in events if e["event"] == "decide"}
+    assert decided == {2}

@@ -191,7 +191,8 @@ class RadixFlowRuntime:
         self._fork_chunk = None
         self._chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
         self.stats = self.traversal.begin_round(self._inflight(sched), slots)
-        self.stats.t_start = self.clock()
+        # NOTE: the scan's number, not the traversal's (quiet scans skip it): one count per trace
+        self.stats.round, self.stats.t_start = self.round, self.clock()
 
     def _quiet_scan(self, sched: Scheduler, adder: PrefillAdder) -> bool:
         """No candidate of this scan can wait (core/cost.py `never_waits`, from rank-identical
