@@ -31,7 +31,7 @@ T, S = 8192, 64
 
 
 def _view(rng: random.Random, c: CostCoeffs, lengths: list[int], running: int, budget: int,
-          host: float, page: int) -> tuple[WaitCase, RoundView]:
+          host: float, page: int, rate: float) -> tuple[WaitCase, RoundView]:
     """A candidate visit a scan of this queue could reach: the i-th queued request, some of
     those before it selected (each charged up to a page more than its length)."""
     q = len(lengths)
@@ -46,7 +46,7 @@ def _view(rng: random.Random, c: CostCoeffs, lengths: list[int], running: int, b
         demand_after=sum(lengths[i + 1:]), mean_extend=sum(lengths) / q,
         rows_left=S - running - selected, token_budget=T, row_budget=S,
         siblings=rng.randint(0, q - 1 - i), host_s=host,
-        arrival_rate=rng.choice([0.0, 5.0, 500.0]))
+        arrival_rate=rate)
     case = WaitCase(ready, depth, length, rng.choice([1, 2]), rng.choice([0, 0, length - depth]))
     return case, view
 
@@ -62,11 +62,12 @@ def test_never_waits_is_sound() -> None:
         host = rng.choice([0.0, rng.uniform(0, 5e-3)])
         page = rng.choice([1, 16, 64])
         budget = rng.randint(T // 4, T)
-        if not never_waits(c, lengths, running, budget, S, host, page):
+        rate = rng.choice([0.0, 5.0, 500.0])
+        if not never_waits(c, lengths, running, budget, S, host, page, rate, T):
             continue
         quiet += 1
         for _ in range(5):
-            case, view = _view(rng, c, lengths, running, budget, host, page)
+            case, view = _view(rng, c, lengths, running, budget, host, page, rate)
             assert not group_wait_wins(c, case, view).wait, (c, case, view)
     assert quiet > 300  # the property was exercised
 
@@ -89,6 +90,9 @@ def test_the_bound_counts_every_request_present() -> None:
     """Each recompute delays every request present: more requests, not quiet."""
     assert never_waits(SMALL, [380] * 4, 0, T, S, 0.0, 1)
     assert not never_waits(SMALL, [380] * 4, 4, T, S, 0.0, 1)
+    # NOTE: and the requests arriving while the round runs (a round of ~10 ms here)
+    assert never_waits(SMALL, [380] * 4, 0, T, S, 0.0, 1, arrival_rate=50.0, token_budget=T)
+    assert not never_waits(SMALL, [380] * 4, 0, T, S, 0.0, 1, arrival_rate=500.0, token_budget=T)
 
 
 def _round4() -> Round:

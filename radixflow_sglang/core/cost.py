@@ -331,7 +331,12 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     # busy period's arrivals, zero without overflow (docs/design.md, "Waiting under a backlog")
     drain = (c.beta * overflow + c.gamma * over_rows
              + math.ceil(overflow / max(v.token_budget, 1)) * (c.alpha + v.host_s))
-    arriving = v.arrival_rate * drain
+    # NOTE: requests arriving while this round runs start after it either way: recomputing
+    # delays each by the extra work (waiting moves the rest of its extend into the round they
+    # join), as it delays what is queued behind (docs/design.md, "Arrivals during the round")
+    span = v.host_s + c(v.rows + 1, min(max(v.token_budget - v.budget_left, 0) + e,
+                                        v.token_budget))
+    arriving = v.arrival_rate * (span + drain)
     # NOTE: what finishes with this round (its rows, the candidate, the siblings recomputing
     # with it) is delayed by the candidate's whole extend: waiting moves all of it out of the
     # round. What finishes later anyway runs the rest in a later round either way: the gain.
@@ -421,7 +426,8 @@ def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bo
 
 
 def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
-                row_budget: int, host_s: float, page: int = 1) -> bool:
+                row_budget: int, host_s: float, page: int = 1, arrival_rate: float = 0.0,
+                token_budget: int | None = None) -> bool:
     """True when `group_wait_wins` recomputes every Blocked candidate this scan can visit,
     whatever its producer, ready prefix and siblings (docs/design.md, "Quiet scans"). `lengths`:
     the waiting queue's input lengths; `running`: requests running; `budget`: the prefill
@@ -439,6 +445,9 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
     if len(lengths) * (longest + page) > budget or present + 1 > row_budget:
         return False
     extra = c.beta * longest + abs(c.delta) * longest * longest / 2 + c.gamma
+    # NOTE: and the requests arriving during the round: its rows are the queue's at most, its
+    # tokens the round's budget T (`token_budget`, default `budget`)
+    present += arrival_rate * (host_s + c(len(lengths), token_budget or budget))
     return extra * present < host_s + c(1, 0)
 
 
