@@ -4,7 +4,8 @@ requests that arrive before the backlog drains, not only those queued now.
 Traced on the capacity sweep (mix, qwen3.5-4b, seed 3, 12.33 q/s): three RACE siblings with a
 320-token gain recomputed beside their producer with 27k tokens queued (3 rounds of backlog),
 because the rule counted only the 11 requests behind them. At that rate ~49 requests/s arrive
-and every one arriving in the next ~0.5 s queues behind the extra work too.
+and every one arriving in the next ~0.5 s queues behind the extra work too. So does every
+request arriving while the round itself runs, backlog or none.
 """
 
 from __future__ import annotations
@@ -21,25 +22,42 @@ TRACED = RoundView(rows=4, behind=11, budget_left=7680, demand_after=27_458, mea
                    rows_left=60, token_budget=8192, row_budget=64, host_s=0.0033)
 
 
+def _span(v: RoundView) -> float:
+    """The round's host time and forward with CASE recomputing in it: its arrivals wait for it."""
+    e = CASE.length - CASE.ready
+    return v.host_s + QWEN_4B(v.rows + 1, v.token_budget - v.budget_left + e)
+
+
 def test_arrivals_before_a_backlog_drains_make_recomputing_dearer() -> None:
     alone = wait_wins(QWEN_4B, CASE, TRACED)
     loaded = wait_wins(QWEN_4B, CASE, replace(TRACED, arrival_rate=49.0))
     assert not alone.wait and loaded.wait  # the traced recompute now waits
     assert loaded.wait_s == alone.wait_s  # waiting adds no work: arrivals do not see it
-    # NOTE: the drain time of the 19,778 overflow tokens: 3 rounds' fixed cost and host time
+    # NOTE: the drain time of the 19,778 overflow tokens: 3 rounds' fixed cost and host time,
+    # after the round itself
     overflow = TRACED.demand_after - TRACED.budget_left
     drain = (QWEN_4B.beta * overflow + QWEN_4B.gamma * 7 + 3 * (QWEN_4B.alpha + 0.0033))
     extra = QWEN_4B.beta * (CASE.depth - CASE.ready)
-    assert loaded.recompute_s - alone.recompute_s == pytest.approx(extra * 49.0 * drain)
+    assert loaded.recompute_s - alone.recompute_s == pytest.approx(
+        extra * 49.0 * (_span(TRACED) + drain))
 
 
-def test_without_a_backlog_the_arrival_rate_changes_nothing() -> None:
-    """Nothing queued beyond this round: an arrival finds the server free of the extra work's
-    consequences only through this round, already in `behind`; the rule is unchanged."""
+def test_without_a_backlog_arrivals_count_through_the_round_alone() -> None:
+    """Nothing queued beyond this round: the requests arriving while it runs start after it
+    either way, and recomputing delays each by its extra work (waiting moves the rest of the
+    candidate's extend into the round they join); none arrives behind a backlog."""
     light = replace(TRACED, demand_after=3000)
-    for lam in (0.0, 5.0, 500.0):
+    base = wait_wins(QWEN_4B, CASE, light)
+    extra = QWEN_4B.beta * (CASE.depth - CASE.ready)
+    for lam in (5.0, 500.0):
         v = wait_wins(QWEN_4B, CASE, replace(light, arrival_rate=lam))
-        assert v == wait_wins(QWEN_4B, CASE, light)
+        assert v.wait_s == base.wait_s
+        assert v.recompute_s - base.recompute_s == pytest.approx(extra * lam * _span(light))
+    # NOTE: a lone candidate in an empty server recomputes; at 100 requests/s ~2.6 arrive
+    # during its round and its extra work would delay them: it waits
+    lone = replace(light, demand_after=0, rows=0, behind=1)
+    assert not wait_wins(QWEN_4B, CASE, lone).wait
+    assert wait_wins(QWEN_4B, CASE, replace(lone, arrival_rate=100.0)).wait
 
 
 def _lone(k, rid: str, start: int):
@@ -102,3 +120,20 @@ def test_twin_under_a_backlog_the_cost_rule_schedules_what_always_waiting_does()
     assert rule["recomputed"] <= 12
     assert rule["scheduled_tokens"] <= 1.02 * always["scheduled_tokens"]
     assert rule["latency_mean_s"] <= always["latency_mean_s"]
+
+
+def test_the_kits_runtime_reads_a_virtual_clock(make_kit):
+    """The wait rule reads the arrival rate in every round now, so a kit test's decisions must
+    not depend on how long SGLang's scan took on the machine: the kit's default clock is
+    virtual (`StepClock`, 1 ms a read). Four requests registered within the rate's 0.5 s
+    floor: 8 per second, exactly."""
+    from radixflow_sglang.testing.kit import StepClock
+
+    k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
+    assert isinstance(k.clock, StepClock) and k.runtime.clock is k.clock
+    k.submit(*[_lone(k, f"r{i}", 1000 * (i + 1)) for i in range(4)])
+    k.step()
+    now = k.clock.t
+    k.runtime.observe_forward(1, 4000, 0.05)  # NOTE: a server's forward hook shares the rate
+    assert k.runtime.arrival_rate == 8.0
+    assert k.clock.t > now  # read, and virtual: 1 ms a read whatever the scan took

@@ -73,6 +73,19 @@ class KitConfig:
     page_size: int = 1  # KV page (ServerArgs.page_size); no_buffer allows only 1 (as SGLang)
 
 
+class StepClock:
+    """The kit's default runtime clock: virtual, `step_s` later at each read, so what the
+    runtime times (admission holds, the arrival rate the wait rule reads) is the same on a busy
+    machine as on an idle one."""
+
+    def __init__(self, step_s: float = 1e-3) -> None:
+        self.t, self.step_s = 0.0, step_s
+
+    def __call__(self) -> float:
+        self.t += self.step_s
+        return self.t
+
+
 @dataclass
 class Pools:
     req_to_token: ReqToTokenPool
@@ -341,7 +354,7 @@ class Kit:
     policy: str = "stock"
     radixflow_config: object | None = None
     geometry: Geometry | None = None
-    clock: Callable[[], float] | None = None  # the runtime's clock (the twin: virtual time)
+    clock: Callable[[], float] | None = None  # the runtime's clock (default StepClock)
     sleep: Callable[[float], None] | None = None  # what a holding scheduler waits with
     on_complete: Callable[[Req], None] | None = None  # after each request's completion
     on_scan: Callable[[ScanTiming], None] | None = None  # after each scan (step)
@@ -359,6 +372,7 @@ class Kit:
         cls = scheduler_class(self.policy, self.radixflow_config)
         self.sched = make_scheduler(cls, self.pools, self.cfg, self.geometry)
         self.sched.result_queue = deque()  # in-flight batches (overlap: processed one round late)
+        self.clock = self.clock or StepClock()
         if self.policy != "stock":  # NOTE: the runtime's collaborators (the twin: virtual time)
             given = {"clock": self.clock, "agreement": self.agreement}
             self.sched.init_radixflow(sleep=self.sleep or (lambda _s: None),
