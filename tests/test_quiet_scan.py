@@ -53,7 +53,7 @@ def _view(rng: random.Random, c: CostCoeffs, lengths: list[int], running: int, b
 
 def test_never_waits_is_sound() -> None:
     rng = random.Random(7)
-    quiet = 0
+    quiet = loaded = 0
     for _ in range(4000):
         c = CostCoeffs(rng.uniform(0, 0.05), rng.uniform(0, 2e-5), rng.uniform(0, 1e-3),
                        rng.choice([0.0, rng.uniform(-1e-10, 1e-10)]))
@@ -62,14 +62,15 @@ def test_never_waits_is_sound() -> None:
         host = rng.choice([0.0, rng.uniform(0, 5e-3)])
         page = rng.choice([1, 16, 64])
         budget = rng.randint(T // 4, T)
-        rate = rng.choice([0.0, 5.0, 500.0])
+        rate = rng.choice([0.0, 5.0, 40.0, 500.0])
         if not never_waits(c, lengths, running, budget, S, host, page, rate, T):
             continue
         quiet += 1
+        loaded += rate >= 40.0
         for _ in range(5):
             case, view = _view(rng, c, lengths, running, budget, host, page, rate)
             assert not group_wait_wins(c, case, view).wait, (c, case, view)
-    assert quiet > 300  # the property was exercised
+    assert quiet > 300 and loaded > 50  # the property was exercised, arrivals included
 
 
 def test_short_questions_on_a_small_model_are_quiet() -> None:

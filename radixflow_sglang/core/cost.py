@@ -468,14 +468,16 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
     if len(lengths) * (longest + page) > budget or present + 1 > row_budget:
         return False
     extra = c.beta * longest + abs(c.delta) * longest * longest / 2 + c.gamma
-    # NOTE: and the requests arriving meanwhile: during this round and the next (each at most
-    # the queue's rows and the round's budget T, `token_budget`, default `budget`), and after
-    # a group of k <= n recomputes, `_own_round`'s (k * full)**2 / 2 <= k * (extra * k full / 2)
-    # shared by its k waits
-    n = len(lengths)
-    span = host_s + c(n + 1, token_budget or budget) + extra
-    present += arrival_rate * (2 * span + n * extra / 2)
-    return extra * present < host_s + c(1, 0)
+    # NOTE: and the requests arriving meanwhile (`_own_round`: with all of the queue fitting
+    # and nothing parked, the wait's round is its own). During this round: at most the queue's
+    # rows and tokens, plus what the budget lost before the scan (`token_budget` T, default
+    # `budget`). After it: a group of k <= n recomputing adds (k * full)**2 / 2 <= k * extra *
+    # n * extra / 2, shared by its k members; its k waits add >= floor**2 / 2, >= floor**2 /
+    # (2 n) each.
+    n, floor = len(lengths), host_s + c(1, 0)
+    taken = (token_budget or budget) - budget + n * (longest + page)
+    present += arrival_rate * (host_s + c(n, taken) + n * extra / 2)
+    return extra * present < floor + arrival_rate * floor * floor / (2 * n)
 
 
 # NOTE: a learned cut must save a quarter more than its round (docs/design.md, "A learned cut
