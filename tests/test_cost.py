@@ -754,6 +754,32 @@ def test_kit_a_question_that_arrives_together_runs_together(make_kit, monkeypatc
     assert run() == [(["b0"], 388), (["b1", "b2", "b3"], 3 * 14)]
 
 
+@pytest.mark.parametrize("late", [False, True])
+def test_kit_a_producer_first_seen_two_scans_before_its_consumers_is_not_tied(make_kit, late):
+    """SGLang's real scan (qwen3-8b, alpha 50 ms, T = 4,096): the question of the test above,
+    its first branch queued behind a 10,000-token request whose chunks take two rounds' budget.
+    Its siblings queued one scan after it: one question (`_tied`), they recompute with it in the
+    third round. Queued two scans after it: not tied (another question that shares its
+    document), they wait for its state."""
+    from eval.costmodel import cost_with
+
+    k = make_kit("qwen3-8b", "extra_buffer", "radixflow", tokens=4096)
+    k.runtime.use_prior(cost_with("qwen3-8b", alpha_ms=50))
+    doc = list(range(1000, 1374))
+    q = [k.req(f"b{i}", doc + list(range(50_000 + 40 * i, 50_014 + 40 * i))) for i in range(4)]
+    k.submit(k.req("x", list(range(200_000, 210_000))), q[0])
+    k.step()  # x's first chunk takes the budget: b0 stays queued
+    if not late:
+        k.submit(*q[1:])
+    k.step()
+    if late:
+        k.submit(*q[1:])
+    k.step()  # x's last chunk, b0, and its siblings: Blocked on b0
+    third = sorted(k.rounds[2].rids)
+    assert third == (["b0", "x"] if late else ["b0", "b1", "b2", "b3", "x"])
+    assert sorted(k.runtime.parked()) == (["b1", "b2", "b3"] if late else [])
+
+
 def test_kit_siblings_are_not_split_between_recompute_and_wait(make_kit):
     """SGLang's real scan: 4 branches of a 1,152-token document with 1,000-token suffixes at
     alpha 20 ms. Deciding each alone parked the first two consumers and recomputed the third
