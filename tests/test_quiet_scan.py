@@ -31,7 +31,7 @@ T, S = 8192, 64
 
 
 def _view(rng: random.Random, c: CostCoeffs, lengths: list[int], running: int, budget: int,
-          host: float, page: int, rate: float) -> tuple[WaitCase, RoundView]:
+          host: float, page: int) -> tuple[WaitCase, RoundView]:
     """A candidate visit a scan of this queue could reach: the i-th queued request, some of
     those before it selected (each charged up to a page more than its length)."""
     q = len(lengths)
@@ -46,14 +46,14 @@ def _view(rng: random.Random, c: CostCoeffs, lengths: list[int], running: int, b
         demand_after=sum(lengths[i + 1:]), mean_extend=sum(lengths) / q,
         rows_left=S - running - selected, token_budget=T, row_budget=S,
         siblings=rng.randint(0, q - 1 - i), host_s=host,
-        arrival_rate=rate)
+        arrival_rate=rng.choice([0.0, 5.0, 500.0]))
     case = WaitCase(ready, depth, length, rng.choice([1, 2]), rng.choice([0, 0, length - depth]))
     return case, view
 
 
 def test_never_waits_is_sound() -> None:
     rng = random.Random(7)
-    quiet = loaded = 0
+    quiet = 0
     for _ in range(4000):
         c = CostCoeffs(rng.uniform(0, 0.05), rng.uniform(0, 2e-5), rng.uniform(0, 1e-3),
                        rng.choice([0.0, rng.uniform(-1e-10, 1e-10)]))
@@ -62,15 +62,13 @@ def test_never_waits_is_sound() -> None:
         host = rng.choice([0.0, rng.uniform(0, 5e-3)])
         page = rng.choice([1, 16, 64])
         budget = rng.randint(T // 4, T)
-        rate = rng.choice([0.0, 5.0, 40.0, 500.0])
-        if not never_waits(c, lengths, running, budget, S, host, page, rate, T):
+        if not never_waits(c, lengths, running, budget, S, host, page):
             continue
         quiet += 1
-        loaded += rate >= 40.0
         for _ in range(5):
-            case, view = _view(rng, c, lengths, running, budget, host, page, rate)
+            case, view = _view(rng, c, lengths, running, budget, host, page)
             assert not group_wait_wins(c, case, view).wait, (c, case, view)
-    assert quiet > 300 and loaded > 50  # the property was exercised, arrivals included
+    assert quiet > 300  # the property was exercised
 
 
 def test_short_questions_on_a_small_model_are_quiet() -> None:
@@ -91,9 +89,6 @@ def test_the_bound_counts_every_request_present() -> None:
     """Each recompute delays every request present: more requests, not quiet."""
     assert never_waits(SMALL, [380] * 4, 0, T, S, 0.0, 1)
     assert not never_waits(SMALL, [380] * 4, 4, T, S, 0.0, 1)
-    # NOTE: and the requests arriving meanwhile (rounds of 8-31 ms here)
-    assert never_waits(SMALL, [380] * 4, 0, T, S, 0.0, 1, arrival_rate=20.0, token_budget=T)
-    assert not never_waits(SMALL, [380] * 4, 0, T, S, 0.0, 1, arrival_rate=500.0, token_budget=T)
 
 
 def _round4() -> Round:

@@ -205,7 +205,7 @@ class RadixFlowRuntime:
         host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
         return never_waits(self.cost.decision_coeffs, [req_len(r) for r in q], running(sched),
                            int(budget_left(adder)), sched.max_running_requests, host,
-                           adder.page_size, self.arrival_rate, round_budget(sched))
+                           adder.page_size)
 
     def _count_arrivals(self, queue) -> None:
         """Requests that entered the waiting queue since the last scan (a retracted one re-enters:

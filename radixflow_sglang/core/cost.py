@@ -286,8 +286,7 @@ def _pairs(prefix: int, extend: int) -> float:
     return extend * (prefix + extend / 2)
 
 
-def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView, *, own_round: bool = True
-              ) -> Verdict:
+def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     """Wait iff the summed latency it adds (the candidate, lag rounds later) is below the summed
     latency recomputing adds (its whole extend delays what finishes with this round, its extra
     work what finishes later, and a binding budget pushes displaced work a round back). Pure,
@@ -332,13 +331,7 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView, *, own_round: bool = 
     # busy period's arrivals, zero without overflow (docs/design.md, "Waiting under a backlog")
     drain = (c.beta * overflow + c.gamma * over_rows
              + math.ceil(overflow / max(v.token_budget, 1)) * (c.alpha + v.host_s))
-    # NOTE: requests arriving during this round start after it either way: recomputing delays
-    # each by the extra work (waiting moves the rest of its extend into the round they join).
-    # If the next round runs anyway (work parked for it, a backlog), so are those arriving
-    # until it ends (a backlog: until it drains); else see `_own_round`.
-    now_s = v.host_s + c(v.rows, max(v.token_budget - v.budget_left, 0)) if v.rows else 0.0
-    later = drain if overflow else (nxt if v.parked_rows else 0.0)
-    arriving = v.arrival_rate * (now_s + later)
+    arriving = v.arrival_rate * drain
     # NOTE: what finishes with this round (its rows, the candidate, the siblings recomputing
     # with it) is delayed by the candidate's whole extend: waiting moves all of it out of the
     # round. What finishes later anyway runs the rest in a later round either way: the gain.
@@ -355,26 +348,7 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView, *, own_round: bool = 
         recompute_s += spill + c.beta * max(rest - e2, 0)
         # NOTE: a tied producer's question then ends with the rest too (it waits either way)
         recompute_s += v.tied * spill
-    if own_round:
-        w, r = _own_round(c, case, v, 1)
-        wait_s, recompute_s = wait_s + w, recompute_s + r
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
-
-
-def _own_round(c: CostCoeffs, case: WaitCase, v: RoundView, k: int) -> tuple[float, float]:
-    """(wait, recompute) latency added to the requests arriving after this round, when the
-    wait's round is its own (nothing else queued or parked runs in it; docs/design.md,
-    "Arrivals"). Waiting, one arriving within that round's length waits for the rest of it;
-    recomputing, one arriving within the added work's length waits for the rest of that. Over
-    Poisson arrivals at rate lam: lam * length**2 / 2 each. `k`: the group waiting together."""
-    lam = v.arrival_rate
-    if not lam or v.parked_rows or v.demand_after > v.budget_left:
-        return 0.0, 0.0
-    e, e2 = case.length - case.ready, case.length - case.depth
-    cut = 1 if case.cut_rest > 0 else 0
-    nxt = v.host_s + c(min(v.row_budget, k + cut), min(v.token_budget, k * e2 + case.cut_rest))
-    grown = k * (c.beta * e + c.delta * _pairs(case.ready, e) + c.gamma)
-    return lam * nxt * nxt / 2, lam * grown * grown / 2
 
 
 def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
@@ -405,10 +379,8 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         vr = _copy(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
                    budget_left=max(v.budget_left - j * e, 0),
                    rows_left=max(v.rows_left - j, 0), siblings=k - 1 - j, tied=tied)
-        wait_s += wait_wins(c, cj, vw, own_round=False).wait_s
-        recompute_s += wait_wins(c, cj, vr, own_round=False).recompute_s
-    w, r = _own_round(c, case, v, k)
-    wait_s, recompute_s = wait_s + w, recompute_s + r
+        wait_s += wait_wins(c, cj, vw).wait_s
+        recompute_s += wait_wins(c, cj, vr).recompute_s
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
 
 
@@ -449,8 +421,7 @@ def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bo
 
 
 def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
-                row_budget: int, host_s: float, page: int = 1, arrival_rate: float = 0.0,
-                token_budget: int | None = None) -> bool:
+                row_budget: int, host_s: float, page: int = 1) -> bool:
     """True when `group_wait_wins` recomputes every Blocked candidate this scan can visit,
     whatever its producer, ready prefix and siblings (docs/design.md, "Quiet scans"). `lengths`:
     the waiting queue's input lengths; `running`: requests running; `budget`: the prefill
@@ -468,16 +439,7 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
     if len(lengths) * (longest + page) > budget or present + 1 > row_budget:
         return False
     extra = c.beta * longest + abs(c.delta) * longest * longest / 2 + c.gamma
-    # NOTE: and the requests arriving meanwhile (`_own_round`: with all of the queue fitting
-    # and nothing parked, the wait's round is its own). During this round: at most the queue's
-    # rows and tokens, plus what the budget lost before the scan (`token_budget` T, default
-    # `budget`). After it: a group of k <= n recomputing adds (k * full)**2 / 2 <= k * extra *
-    # n * extra / 2, shared by its k members; its k waits add >= floor**2 / 2, >= floor**2 /
-    # (2 n) each.
-    n, floor = len(lengths), host_s + c(1, 0)
-    taken = (token_budget or budget) - budget + n * (longest + page)
-    present += arrival_rate * (host_s + c(n, taken) + n * extra / 2)
-    return extra * present < floor + arrival_rate * floor * floor / (2 * n)
+    return extra * present < host_s + c(1, 0)
 
 
 # NOTE: a learned cut must save a quarter more than its round (docs/design.md, "A learned cut
