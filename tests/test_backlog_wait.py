@@ -107,15 +107,14 @@ def test_twin_under_a_backlog_the_cost_rule_schedules_what_always_waiting_does()
 def test_the_kits_runtime_reads_a_virtual_clock(make_kit):
     """What the kit's runtime times (admission holds, the arrival rate the wait rule reads)
     must not depend on how long SGLang's scan took on the machine: the kit's default clock is
-    virtual (`StepClock`, 1 ms a read). Four requests registered within the rate's 0.5 s
-    floor: 8 per second, exactly."""
-    from radixflow_sglang.testing.kit import StepClock
+    virtual (`VirtualClock`: a hold sleeps to its deadline). Four requests registered within
+    the rate's 0.5 s floor: 8 per second, exactly."""
+    from radixflow_sglang.testing.loop import VirtualClock
 
     k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
-    assert isinstance(k.clock, StepClock) and k.runtime.clock is k.clock
+    assert isinstance(k.clock, VirtualClock) and k.runtime.clock is k.clock
+    assert k.sleep == k.clock.sleep
     k.submit(*[_lone(k, f"r{i}", 1000 * (i + 1)) for i in range(4)])
     k.step()
-    now = k.clock.t
     k.runtime.observe_forward(1, 4000, 0.05)  # NOTE: a server's forward hook shares the rate
     assert k.runtime.arrival_rate == 8.0
-    assert k.clock.t > now  # read, and virtual: 1 ms a read whatever the scan took

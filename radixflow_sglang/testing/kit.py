@@ -27,6 +27,7 @@ from types import SimpleNamespace
 from radixflow_sglang.adapter import check_sglang_version
 from radixflow_sglang.adapter.pools import cpu_pools
 from radixflow_sglang.geometry import Geometry, load_geometry
+from radixflow_sglang.testing.loop import VirtualClock
 
 check_sglang_version()
 
@@ -71,19 +72,6 @@ class KitConfig:
     tree_core: str = "python"
     disable_radix_cache: bool = False  # --disable-radix-cache: the same cache with disable=True
     page_size: int = 1  # KV page (ServerArgs.page_size); no_buffer allows only 1 (as SGLang)
-
-
-class StepClock:
-    """The kit's default runtime clock: virtual, `step_s` later at each read, so what the
-    runtime times (admission holds, the arrival rate the wait rule reads) is the same on a busy
-    machine as on an idle one."""
-
-    def __init__(self, step_s: float = 1e-3) -> None:
-        self.t, self.step_s = 0.0, step_s
-
-    def __call__(self) -> float:
-        self.t += self.step_s
-        return self.t
 
 
 @dataclass
@@ -354,7 +342,7 @@ class Kit:
     policy: str = "stock"
     radixflow_config: object | None = None
     geometry: Geometry | None = None
-    clock: Callable[[], float] | None = None  # the runtime's clock (default StepClock)
+    clock: Callable[[], float] | None = None  # the runtime's clock (default: VirtualClock)
     sleep: Callable[[float], None] | None = None  # what a holding scheduler waits with
     on_complete: Callable[[Req], None] | None = None  # after each request's completion
     on_scan: Callable[[ScanTiming], None] | None = None  # after each scan (step)
@@ -372,7 +360,9 @@ class Kit:
         cls = scheduler_class(self.policy, self.radixflow_config)
         self.sched = make_scheduler(cls, self.pools, self.cfg, self.geometry)
         self.sched.result_queue = deque()  # in-flight batches (overlap: processed one round late)
-        self.clock = self.clock or StepClock()
+        if self.clock is None:  # NOTE: virtual time: a hold sleeps to its deadline, not the wall's
+            virtual = VirtualClock()
+            self.clock, self.sleep = virtual, self.sleep or virtual.sleep
         if self.policy != "stock":  # NOTE: the runtime's collaborators (the twin: virtual time)
             given = {"clock": self.clock, "agreement": self.agreement}
             self.sched.init_radixflow(sleep=self.sleep or (lambda _s: None),
