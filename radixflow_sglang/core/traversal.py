@@ -211,6 +211,10 @@ class Traversal:
         if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
             return Verdict(True, 0.0, 0.0)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
+        if self.waits.rounds_left(c.rid) < lag:
+            # NOTE: the bound releases it before the state is published: it would park, then
+            # recompute the same gain rounds later (a chain of waits under overlap)
+            return Verdict(False, 0.0, 0.0)
         key = self._group(c, b)
         v = self._groups.get(key)
         if v is None and _unready(key) in self._unprobed:

@@ -35,6 +35,10 @@ class WaitSet:
         # re-entering the wait set cannot extend its wait.
         return self.total_rounds.get(rid, 0) < self.max_rounds
 
+    def rounds_left(self, rid: str) -> int:
+        """Rounds `rid` may still park before the bound releases it to native handling."""
+        return max(self.max_rounds - self.total_rounds.get(rid, 0), 0)
+
     def park(self, rid: str, round_idx: int, producer: str, depth: int) -> Parked:
         p = self._parked.get(rid)
         if p is None:
