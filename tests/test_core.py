@@ -604,6 +604,28 @@ def test_park_bound_releases_to_native_handling():
     assert "A" not in t.waits and t.waits.total_rounds["A"] == bound
 
 
+def test_cost_aware_wait_the_bound_would_cut_before_publication_recomputes():
+    """Overlap: a producer admitted this scan publishes 2 rounds later, the bound is 3 rounds
+    in all. A consumer that already parked 2 rounds (for an earlier producer) would park once
+    more and be released by the bound before the state exists: it recomputes now. A fresh
+    consumer of the same producer, in the same view, waits."""
+    from radixflow_sglang.core.cost import CostCoeffs, RoundView
+
+    t = Traversal(TraversalConfig.default(Grid(Layout.EXTRA_BUFFER, G), True, cost_aware=True))
+    assert (t.cfg.lag, t.cfg.max_park_rounds) == (2, 3)
+    view = RoundView(rows=1, behind=1, budget_left=8192, demand_after=0, mean_extend=100.0,
+                     rows_left=60)
+    cost = CostCoeffs(0.002, 1e-5, 0.0)  # NOTE: a 2,000-token gain against a 2 ms round
+    late, fresh = cand("A", A_TOK), cand("B", DOC + toks(7000, 90))
+    for r in range(2):
+        t.waits.park("A", r, "earlier", G)
+    t.begin_round([], 1 << 30)
+    t.admitted(producer_for(t, "P", P_TOK))
+    assert t.waits.rounds_left("A") == 1 and t.waits.rounds_left("B") == 3
+    assert not t.decide(late, t.classify(late), view, cost).wait
+    assert t.decide(fresh, t.classify(fresh), view, cost).wait
+
+
 def test_round_lifecycle_releases_selected_and_counts_wait_set():
     t = traversal()
     t.admitted(producer_for(t, "P", P_TOK))

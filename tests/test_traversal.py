@@ -485,6 +485,35 @@ def test_no_buffer_fork_with_chunked_prefill_disabled(make_kit, model):
 # --- bounded parking, retracted producers, overlap --------------------------------------------
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_kit_a_chain_of_waits_the_bound_would_cut_recomputes_with_its_producer(make_kit, overlap):
+    """SGLang's real scan (qwen3.5-4b, G = 64, cost-aware, a 2 ms round): the first of four
+    branches declares its boundary at G, below their fork at 2G. The three others wait for it;
+    released at G, the second publishes at 2G and the last two are Blocked on it. Under overlap
+    its state comes 2 rounds later and the bound (3 rounds) leaves them 1: they recompute from
+    G beside it (traced on nemotron-9b race, alpha 8 ms, overlap: they parked one round more,
+    then the bound released them to recompute the same tokens). Without overlap the wait fits
+    the bound: they wait and resume at 2G."""
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+    from radixflow_sglang.core.cost import CostCoeffs
+
+    k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow", overlap=overlap,
+                 radixflow_config=RadixFlowConfig(policy="radixflow", boundaries="declared"))
+    k.runtime.use_prior(CostCoeffs(0.002, 2e-5, 1e-4))
+    G = k.runtime.grid.size
+    doc = list(range(1000, 1000 + 2 * G + 5))
+    k.submit(*[k.req(f"b{i}", doc + list(range(50_000 + 100 * i, 50_040 + 100 * i)),
+                     **({"boundary": G} if i == 0 else {})) for i in range(4)])
+    rounds = [(sorted(r.rids), sorted(r.prefix.values())) for r in k.drain()]
+    if overlap:
+        assert rounds == [(["b0"], [0]), (["b1", "b2", "b3"], [G] * 3)]
+        assert k.runtime.totals.recomputed == 2
+    else:
+        assert rounds == [(["b0"], [0]), (["b1"], [G]), (["b2", "b3"], [2 * G] * 2)]
+    assert k.runtime.totals.released_by_bound == 0
+    assert k.leaks() == NO_LEAK
+
+
 @pytest.mark.parametrize("model, layout", OVERLAP_CASES)
 def test_parking_is_bounded_when_the_producer_never_publishes(make_kit, model, layout):
     k = kit(make_kit, model, layout, "traversal", overlap=True)
