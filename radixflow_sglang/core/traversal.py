@@ -211,9 +211,10 @@ class Traversal:
         if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
             return Verdict(True, 0.0, 0.0)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
-        if self.waits.rounds_left(c.rid) < lag:
+        if 0 < self.waits.rounds_left(c.rid) < lag:
             # NOTE: the bound releases it before the state is published: it would park, then
-            # recompute the same gain rounds later (a chain of waits under overlap)
+            # recompute the same gain rounds later (a chain of waits under overlap). A spent
+            # bound (0 left) is `park`'s to count.
             return Verdict(False, 0.0, 0.0)
         key = self._group(c, b)
         v = self._groups.get(key)
