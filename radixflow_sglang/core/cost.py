@@ -282,16 +282,6 @@ class Verdict:
     recompute_s: float  # summed added latency if it recomputes now
 
 
-# NOTE: a wait must win by more than the tie band: within it the two sums are a tie, and a tie
-# goes to SGLang's native outcome: the wait's round lands whole on one question, the
-# recompute's work is spread over the round (docs/design.md, "Ties go native")
-TIE_BAND = 0.02
-
-
-def _waits(wait_s: float, recompute_s: float) -> bool:
-    return wait_s * (1.0 + TIE_BAND) < recompute_s
-
-
 def _pairs(prefix: int, extend: int) -> float:
     return extend * (prefix + extend / 2)
 
@@ -358,7 +348,7 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         recompute_s += spill + c.beta * max(rest - e2, 0)
         # NOTE: a tied producer's question then ends with the rest too (it waits either way)
         recompute_s += v.tied * spill
-    return Verdict(_waits(wait_s, recompute_s), wait_s, recompute_s)
+    return Verdict(wait_s < recompute_s, wait_s, recompute_s)
 
 
 def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
@@ -391,7 +381,7 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
                    rows_left=max(v.rows_left - j, 0), siblings=k - 1 - j, tied=tied)
         wait_s += wait_wins(c, cj, vw).wait_s
         recompute_s += wait_wins(c, cj, vr).recompute_s
-    return Verdict(_waits(wait_s, recompute_s), wait_s, recompute_s)
+    return Verdict(wait_s < recompute_s, wait_s, recompute_s)
 
 
 def group_saving(c: CostCoeffs, case: WaitCase, v: RoundView) -> float:
