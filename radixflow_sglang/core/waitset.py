@@ -33,7 +33,7 @@ class WaitSet:
     def may_park(self, rid: str) -> bool:
         # NOTE: the bound counts every round the request ever parked, so leaving and
         # re-entering the wait set cannot extend its wait.
-        return self.total_rounds.get(rid, 0) < self.max_rounds
+        return self.rounds_left(rid) > 0
 
     def rounds_left(self, rid: str) -> int:
         """Rounds `rid` may still park before the bound releases it to native handling."""
