@@ -795,6 +795,52 @@ def test_kit_siblings_are_not_split_between_recompute_and_wait(make_kit):
     assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
 
+def test_a_group_the_round_cannot_take_prices_the_split_the_budget_forces():
+    """Traced on qwen3.5-0.8b quality (RACE validation split, seed 0), alpha 200 ms,
+    extra_buffer + overlap: a question's three consumers of a 6,272-token document find 1,886
+    tokens left in their producer's round. Recomputing chunks the first and the round takes
+    nothing after it; the other two are visited next round, still Blocked, and wait behind the
+    chunk's rest, a round the wait leaves empty. Both sides were priced as options that do
+    not exist (all three recomputing; the waiting siblings as queued work overflowing the
+    next rounds): wait 1.27 s vs recompute 1.19 s, and the question took 0.64 s, 0.43 s
+    waiting."""
+    c = CostCoeffs(0.2, 2.8e-6, 1.1e-4)
+    case = WaitCase(ready=0, depth=6272, length=6317, lag=2)
+    v = view(budget_left=1886, demand_after=12_635, mean_extend=6314.5, rows_left=15,
+             row_budget=16, siblings=2, tied=1)
+    g = group_wait_wins(c, case, v)
+    assert g.wait
+    # NOTE: all three run in the round after the next (empty: nothing else is queued), the
+    # j-th after j parked; the tied producer's question ends with the last
+    assert g.wait_s == pytest.approx(c(1, 45) + c(2, 90) + 2 * c(3, 135))
+    # NOTE: the two late siblings and the tied producer each pay the rest's round
+    assert g.recompute_s - g.wait_s > 3 * c(1, 6317 - 1886)
+    no_ov = group_wait_wins(c, replace(case, lag=1), v)
+    assert g.recompute_s - no_ov.recompute_s == pytest.approx(3 * c.alpha)
+    # NOTE: a round that takes the whole group prices the recompute as before
+    roomy = view(budget_left=20_000, token_budget=32_768, demand_after=12_635,
+                 mean_extend=6314.5, rows_left=15, siblings=2, tied=1)
+    assert not group_wait_wins(c, case, roomy).wait
+
+
+def test_kit_a_group_the_round_cannot_take_waits_whole(make_kit):
+    """SGLang's real scan under overlap (qwen3.5-0.8b, alpha 200 ms): four branches of a
+    6,272-token document; the producer's round has 1,886 tokens left. Recomputing the first
+    consumer chunked it and the round took nothing after the chunk: three rounds, the third for
+    the two siblings that waited anyway. Waiting whole: two."""
+    from eval.costmodel import cost_with
+
+    k = make_kit("qwen3.5-0.8b", "extra_buffer", "radixflow", overlap=True, tokens=8192)
+    k.runtime.use_prior(cost_with("qwen3.5-0.8b", alpha_ms=200))
+    doc = list(range(1000, 7272))
+    k.submit(*[k.req(f"b{i}", doc + list(range(50_000 + 100 * i, 50_034 + 100 * i)))
+               for i in range(4)])
+    rounds = [sorted(r.rids) for r in k.drain() if r.mode == "prefill"]
+    assert rounds == [["b0"], ["b1", "b2", "b3"]]
+    assert k.runtime.totals.recomputed == 0
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
 def test_a_cold_fit_extrapolates_from_the_warmup_and_one_shape():
     """Traced on qwen3.5-4b race alpha 50 (issue 11): after the server warmup (1 row, 16 tokens)
     and three alike 4-row rounds, the fit weighed the prior (alpha 8 ms) like a round per

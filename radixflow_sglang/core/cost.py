@@ -377,7 +377,7 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         dem = max(v.demand_after - j * case.length, 0)
         # NOTE: the tied wait for the round that runs the whole group: the last sibling's
         tied = v.tied if j == k - 1 and not case.cut_rest else 0
-        vw = _copy(v, demand_after=dem_w, parked_rows=v.parked_rows + j,
+        vw = _copy(v, demand_after=dem, parked_rows=v.parked_rows + j,
                    parked_tokens=v.parked_tokens + j * (case.length - case.depth), siblings=0,
                    tied=tied)
         w = wait_wins(c, cj, vw).wait_s
