@@ -800,23 +800,24 @@ def test_a_group_the_round_cannot_take_prices_the_split_the_budget_forces():
     extra_buffer + overlap: a question's three consumers of a 6,272-token document find 1,886
     tokens left in their producer's round. Recomputing chunks the first and the round takes
     nothing after it; the other two are visited next round, still Blocked, and wait behind the
-    chunk's rest, a round the wait leaves empty. Both sides were priced as options that do
-    not exist (all three recomputing; the waiting siblings as queued work overflowing the
-    next rounds): wait 1.27 s vs recompute 1.19 s, and the question took 0.64 s, 0.43 s
-    waiting."""
+    chunk's rest, a round the wait leaves empty. The recompute side priced an option that
+    does not exist (all three recomputing): wait 1.27 s vs recompute 1.19 s, and the question
+    took 0.64 s, 0.43 s waiting."""
     c = CostCoeffs(0.2, 2.8e-6, 1.1e-4)
     case = WaitCase(ready=0, depth=6272, length=6317, lag=2)
     v = view(budget_left=1886, demand_after=12_635, mean_extend=6314.5, rows_left=15,
              row_budget=16, siblings=2, tied=1)
-    g = group_wait_wins(c, case, v)
-    assert g.wait
-    # NOTE: all three run in the round after the next (empty: nothing else is queued), the
-    # j-th after j parked; the tied producer's question ends with the last
-    assert g.wait_s == pytest.approx(c(1, 45) + c(2, 90) + 2 * c(3, 135))
-    # NOTE: the two late siblings and the tied producer each pay the rest's round
-    assert g.recompute_s - g.wait_s > 3 * c(1, 6317 - 1886)
-    no_ov = group_wait_wins(c, replace(case, lag=1), v)
-    assert g.recompute_s - no_ov.recompute_s == pytest.approx(3 * c.alpha)
+    for lag, round_in_between in ((2, True), (1, False)):
+        g = group_wait_wins(c, replace(case, lag=lag), v)
+        assert g.wait
+        # NOTE: the first recomputes chunked; the two after it wait as the all-wait option
+        # prices them, and each of them and the tied producer also pays the rest: its own
+        # round under overlap (the one between, empty when all wait), else its tokens
+        first = replace(v, siblings=0, tied=0)
+        alone = wait_wins(c, replace(case, lag=lag), first)
+        rest = c(1, 6317 - 1886) - (0.0 if round_in_between else c.alpha)
+        assert g.recompute_s - g.wait_s == pytest.approx(
+            alone.recompute_s - alone.wait_s + 3 * rest)
     # NOTE: a round that takes the whole group prices the recompute as before
     roomy = view(budget_left=20_000, token_budget=32_768, demand_after=12_635,
                  mean_extend=6314.5, rows_left=15, siblings=2, tied=1)

@@ -355,21 +355,20 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     """One verdict for a sibling group: the candidate and the `v.siblings` queued requests
     behind it that share its prefix to the depth (same producer, same depth, same gain).
 
-    Compares the summed latency of the two choices that exist, each sibling costed as
+    Compares the summed latency of the two consistent choices, each sibling costed as
     `wait_wins` would see it after the siblings before it: all wait (sibling j finds j more
-    parked rows and tokens in the next round; the later siblings are parked too, not queued
-    work) or all recompute (sibling j finds j more rows in this round and j extends less
-    budget). A split is never better for their question: it waits for both the recompute round
-    and the parked ones' round (docs/design.md, "Sibling groups"), unless the budget forces it:
-    siblings the round cannot take after a chunked one are visited again next round, still
-    Blocked, and wait behind the chunk's rest (`_late_cost`, docs/design.md, "A group the round
-    cannot take"). Only the first sibling makes a no_buffer cut."""
+    parked rows and tokens in the next round) or all recompute (sibling j finds j more rows in
+    this round and j extends less budget). A split is never better for their question: it
+    waits for both the recompute round and the parked ones' round (docs/design.md, "Sibling
+    groups"), unless the budget forces it: the siblings the round cannot take after a chunked
+    one are visited again next round, still Blocked, and wait behind the chunk's rest
+    (`_late_cost`, docs/design.md, "A group the round cannot take"). Only the first sibling
+    makes a no_buffer cut."""
     k = group_size(v)
     if k == 1:
         return wait_wins(c, case, v)
-    e = case.length - case.ready
+    e, e2 = case.length - case.ready, case.length - case.depth
     run = _runs_now(k, e, v.budget_left)
-    dem_w = max(v.demand_after - (k - 1) * case.length, 0)
     wait_s = recompute_s = 0.0
     rest = _copy(case, cut_rest=0)
     for j in range(k):
@@ -378,12 +377,11 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         # NOTE: the tied wait for the round that runs the whole group: the last sibling's
         tied = v.tied if j == k - 1 and not case.cut_rest else 0
         vw = _copy(v, demand_after=dem, parked_rows=v.parked_rows + j,
-                   parked_tokens=v.parked_tokens + j * (case.length - case.depth), siblings=0,
-                   tied=tied)
+                   parked_tokens=v.parked_tokens + j * e2, siblings=0, tied=tied)
         w = wait_wins(c, cj, vw).wait_s
         wait_s += w
         if j >= run:
-            recompute_s += w + _late_cost(c, case, v, run, dem_w) * (1 + tied)
+            recompute_s += w + _late_cost(c, case, v, run, k) * (1 + tied)
             continue
         # NOTE: the siblings after j that the round takes recompute in it too (`siblings`:
         # they finish with it), the ones before j are its rows
@@ -402,13 +400,14 @@ def _runs_now(k: int, e: int, budget_left: int) -> int:
     return min(k, whole + (1 if budget_left > whole * e else 0))
 
 
-def _late_cost(c: CostCoeffs, case: WaitCase, v: RoundView, run: int, dem_w: int) -> float:
+def _late_cost(c: CostCoeffs, case: WaitCase, v: RoundView, run: int, k: int) -> float:
     """What a sibling the round cannot take pays on top of its wait when the ones before it
     recompute: the chunked sibling's rest runs before (or with) its round. Under overlap
     (lag 2) the rest takes the round in between, which the wait leaves empty when no queued
     work overflows (a whole round: qwen3.5-0.8b quality, alpha 200 ms, a question 0.64 s
     recomputing vs 0.43 s waiting); otherwise it adds its work to a round that runs anyway."""
     e = case.length - case.ready
+    queued = max(v.demand_after - (k - 1) * case.length, 0)  # NOTE: besides the group
     chunk = v.budget_left - (run - 1) * e if run else 0
     rest = e - chunk if 0 < chunk < e else 0
     if rest <= 0:
@@ -416,7 +415,7 @@ def _late_cost(c: CostCoeffs, case: WaitCase, v: RoundView, run: int, dem_w: int
     t = max(v.token_budget, 1)
     grow = c.beta * rest + c.gamma + c.delta * _pairs(case.ready + chunk, rest)
     rounds = math.ceil(rest / t)  # NOTE: a rest longer than a budget takes rounds of its own
-    if case.lag >= 2 and dem_w <= v.budget_left:
+    if case.lag >= 2 and queued <= v.budget_left:
         return grow + rounds * (v.host_s + c.alpha)
     return grow + (rounds - 1) * (v.host_s + c.alpha)
 
