@@ -405,7 +405,10 @@ def _late_cost(c: CostCoeffs, case: WaitCase, v: RoundView, run: int, k: int) ->
     recompute: the chunked sibling's rest runs before (or with) its round. Under overlap
     (lag 2) the rest takes the round in between, which the wait leaves empty when no queued
     work overflows (a whole round: qwen3.5-0.8b quality, alpha 200 ms, a question 0.64 s
-    recomputing vs 0.43 s waiting); otherwise it adds its work to a round that runs anyway."""
+    recomputing vs 0.43 s waiting); otherwise it adds its work to a round that runs anyway.
+    A no_buffer wait that cuts its producer at the fork is what publishes the state there:
+    recomputing makes no cut, so the late siblings wait for the chunked sibling's own
+    publication, a round after its rest's."""
     e = case.length - case.ready
     queued = max(v.demand_after - (k - 1) * case.length, 0)  # NOTE: besides the group
     chunk = v.budget_left - (run - 1) * e if run else 0
@@ -415,7 +418,7 @@ def _late_cost(c: CostCoeffs, case: WaitCase, v: RoundView, run: int, k: int) ->
     t = max(v.token_budget, 1)
     grow = c.beta * rest + c.gamma + c.delta * _pairs(case.ready + chunk, rest)
     rounds = math.ceil(rest / t)  # NOTE: a rest longer than a budget takes rounds of its own
-    if case.lag >= 2 and queued <= v.budget_left:
+    if case.cut_rest > 0 or (case.lag >= 2 and queued <= v.budget_left):
         return grow + rounds * (v.host_s + c.alpha)
     return grow + (rounds - 1) * (v.host_s + c.alpha)
 
