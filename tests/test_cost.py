@@ -818,6 +818,16 @@ def test_a_group_the_round_cannot_take_prices_the_split_the_budget_forces():
         rest = c(1, 6317 - 1886) - (0.0 if round_in_between else c.alpha)
         assert g.recompute_s - g.wait_s == pytest.approx(
             alone.recompute_s - alone.wait_s + 3 * rest)
+    # NOTE: no_buffer: the wait's fork cut is what publishes the state there; recomputing makes
+    # none, so the late siblings wait for the chunked one's own publication, a round after its
+    # rest, overlap or not (validation split, the same question in no_buffer: pricing only the
+    # rest's tokens recomputed it, 0.717x -> 0.855x stock)
+    cut = replace(case, lag=1, cut_rest=45)
+    g = group_wait_wins(c, cut, v)
+    alone = wait_wins(c, cut, replace(v, siblings=0, tied=0))
+    assert g.wait
+    assert g.recompute_s - g.wait_s == pytest.approx(
+        alone.recompute_s - alone.wait_s + 2 * c(1, 6317 - 1886))
     # NOTE: a round that takes the whole group prices the recompute as before
     roomy = view(budget_left=20_000, token_budget=32_768, demand_after=12_635,
                  mean_extend=6314.5, rows_left=15, siblings=2, tied=1)
