@@ -369,6 +369,7 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         return wait_wins(c, case, v)
     e, e2 = case.length - case.ready, case.length - case.depth
     run = _runs_now(k, e, v.budget_left)
+    late = _late_cost(c, case, v, run, k) if run < k else 0.0
     wait_s = recompute_s = 0.0
     rest = _copy(case, cut_rest=0)
     for j in range(k):
@@ -381,7 +382,7 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         w = wait_wins(c, cj, vw).wait_s
         wait_s += w
         if j >= run:
-            recompute_s += w + _late_cost(c, case, v, run, k) * (1 + tied)
+            recompute_s += w + late * (1 + tied)
             continue
         # NOTE: the siblings after j that the round takes recompute in it too (`siblings`:
         # they finish with it), the ones before j are its rows
