@@ -3,6 +3,7 @@ agreement, and both rules on SGLang's real scan (the kit)."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -506,14 +507,16 @@ def test_observe_forward_feeds_the_fit_trace_and_summary(make_kit, tmp_path):
     fwd = [e for e in events if e["event"] == "forward"]
     assert len(fwd) == 60 and all("duration_s" in e and "rows" in e for e in fwd)
     shared: list[tuple] = []
-    rt.share_forward = lambda *v: (shared.append(v), (0.123, 0.007)[:len(v)])[1]  # rank 0's
-    rt.clock = lambda: 1.0  # NOTE: the arrival rate is a clock reading
+    rank0 = {3: (0.123, 42.0, 0.006), 4: (0.123, 0.007, 43.0, 0.008)}  # NOTE: rank 0's values
+    rt.share_forward = lambda *v: (shared.append(v), rank0[len(v)])[1]
+    rt.clock = lambda: 1.0  # NOTE: the arrival rate and the request stamps read this clock
     rt.arrivals.add(1.0, 0)
     rate = rt.arrivals.rate(1.0)
-    assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [(9.9, rate)]
-    # NOTE: a round's forward time, host time and arrival rate are agreed in one broadcast
-    assert rt.observe_forward(4, 100, 9.9, 0.5) == 0.123 and shared[1:] == [(9.9, 0.5, rate)]
-    assert rt.cost.host_s == 0.007 and rt.arrival_rate == 0.007
+    assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [(9.9, 1.0, rate)]
+    assert rt.agreed_now == 42.0 and rt.arrival_rate == 0.006  # rank 0's clock and rate
+    # NOTE: a round's forward time, host time, clock and arrival rate: one broadcast
+    assert rt.observe_forward(4, 100, 9.9, 0.5) == 0.123 and shared[1:] == [(9.9, 0.5, 1.0, rate)]
+    assert rt.cost.host_s == 0.007 and rt.agreed_now == 43.0 and rt.arrival_rate == 0.008
     assert make_kit(policy="radixflow-always").runtime.summary()["wait_rule"] == "always"
 
 
@@ -736,7 +739,9 @@ def test_kit_a_question_that_arrives_together_runs_together(make_kit, monkeypatc
     """SGLang's real scan (qwen3-8b, alpha 50 ms, the twin's coefficients): a RACE-like question
     arrives whole (374 shared tokens, 14 own per branch). Its producer is tied to its consumers
     (adapter/runtime.py `_tied`): one round of 1,552 tokens, as stock, finishing with stock's
-    round. Untied, the request sum waits: two rounds, the question ends with the second."""
+    round. Untied, the request sum waits, and the tail guard stops it (the question would end a
+    round later, the slowest of the round: tests/test_tail_guard.py); without the guard too,
+    two rounds, the question ends with the second."""
     from eval.costmodel import cost_with
 
     def run() -> list[tuple[list[str], int]]:
@@ -751,33 +756,48 @@ def test_kit_a_question_that_arrives_together_runs_together(make_kit, monkeypatc
 
     assert run() == [(["b0", "b1", "b2", "b3"], 4 * 388)]
     monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_tied", lambda *a: False)
+    assert run() == [(["b0", "b1", "b2", "b3"], 4 * 388)]
+    monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_older_by", lambda *a: math.inf)
     assert run() == [(["b0"], 388), (["b1", "b2", "b3"], 3 * 14)]
 
 
-@pytest.mark.parametrize("late", [False, True])
-def test_kit_a_producer_first_seen_two_scans_before_its_consumers_is_not_tied(make_kit, late):
+@pytest.mark.parametrize("late, aged", [(False, True), (True, True), (True, False)])
+def test_kit_a_producer_first_seen_two_scans_before_its_consumers_is_not_tied(make_kit, late,
+                                                                              aged):
     """SGLang's real scan (qwen3-8b, alpha 50 ms, T = 4,096): the question of the test above,
     its first branch queued behind a 10,000-token request whose chunks take two rounds' budget.
     Its siblings queued one scan after it: one question (`_tied`), they recompute with it in the
     third round. Queued two scans after it: not tied (another question that shares its
-    document), they wait for its state."""
+    document), they wait for its state: b0, two rounds older on the agreed clock (`aged`: each
+    forward observed as a server does), stays the round's slowest. With no clock (equal
+    stamps) the tail guard keeps them in the round."""
     from eval.costmodel import cost_with
 
     k = make_kit("qwen3-8b", "extra_buffer", "radixflow", tokens=4096)
-    k.runtime.use_prior(cost_with("qwen3-8b", alpha_ms=50))
+    c = cost_with("qwen3-8b", alpha_ms=50)
+    k.runtime.use_prior(c)
+
+    def step() -> None:
+        rnd = k.step()
+        if aged:
+            s = c(len(rnd.rids), rnd.scheduled_tokens)
+            k.clock.now += s
+            k.runtime.observe_forward(len(rnd.rids), rnd.scheduled_tokens, s)
+
     doc = list(range(1000, 1374))
     q = [k.req(f"b{i}", doc + list(range(50_000 + 40 * i, 50_014 + 40 * i))) for i in range(4)]
     k.submit(k.req("x", list(range(200_000, 210_000))), q[0])
-    k.step()  # x's first chunk takes the budget: b0 stays queued
+    step()  # x's first chunk takes the budget: b0 stays queued
     if not late:
         k.submit(*q[1:])
-    k.step()
+    step()
     if late:
         k.submit(*q[1:])
-    k.step()  # x's last chunk, b0, and its siblings: Blocked on b0
+    step()  # x's last chunk, b0, and its siblings: Blocked on b0
     third = sorted(k.rounds[2].rids)
-    assert third == (["b0", "x"] if late else ["b0", "b1", "b2", "b3", "x"])
-    assert sorted(k.runtime.parked()) == (["b1", "b2", "b3"] if late else [])
+    waits = late and aged
+    assert third == (["b0", "x"] if waits else ["b0", "b1", "b2", "b3", "x"])
+    assert sorted(k.runtime.parked()) == (["b1", "b2", "b3"] if waits else [])
 
 
 def test_kit_siblings_are_not_split_between_recompute_and_wait(make_kit):
@@ -1050,6 +1070,9 @@ def test_kit_no_buffer_learned_cut_follows_the_measured_round(alpha_s, beta, cut
         est.observe(rows, tokens, alpha_s + beta * tokens + QWEN_08B.gamma * rows)
     kit.runtime.boundary.cost = lambda: CostCoeffs(  # NOTE: these tokens, this round
         est.coeffs.alpha, beta, QWEN_08B.gamma, 0.0, est.coeffs.source)
+    # NOTE: the gate alone: each question runs alone, so the tail guard would stop every cut
+    # (tests/test_tail_guard.py)
+    kit.runtime.boundary.older_by = None
     doc_questions(kit, 4, 2)
     b = kit.runtime.boundary
     assert (b.moved["marker"] > 0) is cuts

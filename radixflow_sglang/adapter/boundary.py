@@ -40,7 +40,7 @@ from radixflow_sglang.core.boundary import (
     publish_at,
     wants,
 )
-from radixflow_sglang.core.cost import CostCoeffs, cut_pays, measured
+from radixflow_sglang.core.cost import CostCoeffs, cut_pays, cut_raises_tail, measured
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.producers import as_tokens
 
@@ -113,6 +113,9 @@ class BoundaryPublisher:
         self._selected: set[str] = set()  # rids selected this scan
         self.keep_end = keep_end
         self.cost = cost
+        # NOTE: (req, adder) -> seconds the oldest request finishing with this round arrived
+        # before it (the runtime's `_older_by`; None: no tail guard)
+        self.older_by: Callable[[Req, PrefillAdder], float] | None = None
         self.moved = {"declared": 0, "learned": 0, "marker": 0, "repeat": 0, "fork_mark": 0}
         self.deferred = 0  # rounds requests were deferred for the chunk slot (no_buffer)
         self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
@@ -491,6 +494,9 @@ class BoundaryPublisher:
         backlog = sum(req_len(r) for r in rest) > left
         budget = int(left + adder.log_input_tokens) if backlog else 0
         users = self._users(req, tokens, ns, depth, key, adder)
+        if (not backlog and self.older_by is not None
+                and cut_raises_tail(c, len(tokens) - depth, self.older_by(req, adder))):
+            return False
         return cut_pays(c, depth - req.prefix_len, len(tokens) - depth, len(rest), users,
                         budget)
 

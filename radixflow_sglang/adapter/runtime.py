@@ -8,6 +8,7 @@ SGLang keeps identical on all tensor-parallel ranks, so every rank decides the s
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -114,12 +115,15 @@ class RadixFlowRuntime:
         self.share_forward = local_share  # NOTE: a server broadcasts rank 0's values
         self.arrivals = ArrivalRate()  # NOTE: new waiting-queue entries, this rank's clock
         self.arrival_rate = 0.0  # rank 0's, agreed with each prefill forward (the wait rule)
+        self.agreed_now = 0.0  # rank 0's clock at the last prefill forward (request stamps)
         self._queued: set[str] = set()
         self._scan: _ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
         self.boundary = BoundaryPublisher(cfg.boundaries if reuse else "off", grid,
                                           cost=lambda: self.cost.coeffs)
+        if self.spec.cost_aware:
+            self.boundary.older_by = self._older_by
         self.totals = Totals()
         self.requests: dict[str, RequestStats] = {}
         self.round = 0
@@ -165,6 +169,9 @@ class RadixFlowRuntime:
         self.round += 1
         self._scan_reqs = {}
         self._released = self._finishing = 0  # selected rows: released consumers, last tokens
+        self._oldest: float | None = None  # the earliest stamp among rows finishing this round
+        self._continuing: bool | None = None  # a running row decodes on (`_older_by`, lazily)
+        self._sched = sched
         self._deferred_heads: list[tuple[tuple, object]] = []
         self._independent: str | None = None  # the last visit no live producer could block
         self._fork_chunk = None
@@ -303,6 +310,7 @@ class RadixFlowRuntime:
                             "producer": b.producer, "ready": b.ready, "depth": b.depth,
                             "length": len(tokens), "fork": b.fork, "wait": verdict.wait,
                             "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
+                            "tail": verdict.tail,
                             "view": view.__dict__, "probed": True})
             if not verdict.wait:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
@@ -346,7 +354,26 @@ class RadixFlowRuntime:
         # NOTE: a round's host time adds to its latency only without overlap
         host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
         tied = int(self._tied(req, producer, adder))
-        return self._scan.view(req, adder, siblings, host, self.arrival_rate, tied)
+        return self._scan.view(req, adder, siblings, host, self.arrival_rate, tied,
+                               self._older_by(req, adder))
+
+    def _older_by(self, req: Req, adder: PrefillAdder) -> float:
+        """Seconds the oldest request finishing with this round arrived before `req` (agreed
+        stamps, rank-identical; 0: none). Inf when an older one finishes after it whatever
+        happens (a row decoding on, a queued request this scan passed over): the tail is
+        not this round's (core/cost.py `raises_tail`)."""
+        if self._continuing is None:
+            b = self._sched.running_batch
+            self._continuing = b is not None and any(not _last_token(r) for r in b.reqs)
+        if self._continuing:
+            return math.inf
+        self._scan = self._scan or _ScanView.of(self._sched)
+        if self._scan.passed_over(req, adder.can_run_list):
+            return math.inf
+        rs = self.requests.get(req.rid)
+        if rs is None or self._oldest is None:
+            return 0.0
+        return max(rs.stamp - self._oldest, 0.0)
 
     def _tied(self, req: Req, producer: str | None, adder: PrefillAdder) -> bool:
         """`producer` was selected this scan, finishes its prefill in it, and arrived with `req`
@@ -367,7 +394,10 @@ class RadixFlowRuntime:
         if rs is not None and rs.first_selected is None:
             rs.first_selected, rs.first_selected_round = self.clock(), self.round
         self._released += rs is not None and rs.rounds_parked > 0
-        self._finishing += req is not adder.new_chunked_req and _last_token(req)
+        finishing = req is not adder.new_chunked_req and _last_token(req)
+        self._finishing += finishing
+        if finishing and rs is not None:
+            self._oldest = rs.stamp if self._oldest is None else min(self._oldest, rs.stamp)
         self._publish_boundary(sched, req, adder)
         if self.traversal is not None and not self._quiet:
             self._scan_reqs[req.rid] = req
@@ -424,13 +454,14 @@ class RadixFlowRuntime:
         rated = self.spec.cost_aware and self.traversal is not None
         values = (seconds,) + (() if host is None else (host,))
         if rated:
-            values += (self.arrivals.rate(self.clock()),)
+            values += (self.clock(), self.arrivals.rate(self.clock()))
         agreed = self.share_forward(*values)
         seconds = float(agreed[0])
         if host is not None:
             self.cost.observe_host(float(agreed[1]))
         if rated:
             self.arrival_rate = float(agreed[-1])
+            self.agreed_now = float(agreed[-2])
         pairs = float(extra.get("pairs", 0.0))
         accepted = self.cost.observe(rows, tokens, seconds, pairs)
         self._emit({"event": "forward", "round": self.round, "rows": rows,
@@ -596,7 +627,8 @@ class RadixFlowRuntime:
         if req.rid not in self.requests:
             self._seq += 1
             self.requests[req.rid] = RequestStats(req.rid, self.clock(), seq=self._seq,
-                                                  registered_round=self.round)
+                                                  registered_round=self.round,
+                                                  stamp=self.agreed_now)
 
     def _producer(self, req: Req, movable: bool) -> Producer:
         prefix, end = req.prefix_len, req.extend_end
@@ -727,7 +759,7 @@ class _ScanView:
         return n
 
     def view(self, req: Req, adder: PrefillAdder, siblings: int = 0, host_s: float = 0.0,
-             arrival_rate: float = 0.0, tied: int = 0) -> RoundView:
+             arrival_rate: float = 0.0, tied: int = 0, older_by: float = 0.0) -> RoundView:
         run = adder.can_run_list
         i = self.pos.get(req.rid, self.queued - 1)
         left = budget_left(adder)
@@ -739,7 +771,18 @@ class _ScanView:
             rows_left=max(self.row_budget - self.running - len(run), 0),
             parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
             token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings,
-            host_s=host_s, arrival_rate=arrival_rate, tied=tied)  # NOTE: built once
+            host_s=host_s, arrival_rate=arrival_rate, tied=tied,
+            older_by=older_by)  # NOTE: built once
+
+    def passed_over(self, req: Req, run: list) -> bool:
+        """A request queued before `req` was not selected this scan (parked, held, deferred):
+        it finishes after this round. NOTE: the scan visits the queue in order, so every
+        selected queued request but `req` itself sits before it."""
+        i = self.pos.get(req.rid)
+        if i is None:
+            return False
+        selected = sum(1 for r in run if r.rid in self.pos and r is not req)
+        return i > selected
 
     def parked(self, extend: int) -> None:
         self.parked_tokens += extend

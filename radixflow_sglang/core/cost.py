@@ -264,6 +264,9 @@ class RoundView:
     # producer, when the group arrived with it (a fork, n samples: one question). Waiting then
     # delays them too, once per group (docs/design.md, "Tied producers")
     tied: int = 0
+    # NOTE: seconds the oldest request finishing with this round arrived before the candidate
+    # (agreed-clock stamps, rank-identical): the tail guard (docs/design.md, "The tail guard")
+    older_by: float = math.inf  # NOTE: unknown ages: no guard
 
 
 @dataclass(frozen=True)
@@ -280,6 +283,7 @@ class Verdict:
     wait: bool
     wait_s: float  # summed added latency if the candidate waits
     recompute_s: float  # summed added latency if it recomputes now
+    tail: bool = False  # the wait won but would make its question the slowest (`raises_tail`)
 
 
 def _pairs(prefix: int, extend: int) -> float:
@@ -303,15 +307,7 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     overflow = max(v.demand_after - v.budget_left, 0)
     over_rows = math.ceil(overflow / max(v.mean_extend, 1.0))
     cut = 1 if case.cut_rest > 0 else 0
-    # NOTE: a round's latency is its scan and batch preparation (host) plus its forward; the
-    # fit measures forwards only. Under overlap the host time hides behind the previous forward.
-    nxt = v.host_s + c(min(v.row_budget, 1 + cut + v.parked_rows + over_rows),
-                       min(v.token_budget, e2 + case.cut_rest + v.parked_tokens + overflow))
-    # NOTE: a wait of 2 rounds (overlap) passes a round that runs only the overflow; with none
-    # the overlap loop processes the producer's result without a forward in between.
-    between = (v.host_s + c(min(v.row_budget, over_rows), min(v.token_budget, overflow))
-               if overflow else 0.0)
-    wait_s = nxt + (case.lag - 1) * between
+    nxt, wait_s = _wait_rounds(c, case, v, overflow, over_rows)
     if v.tied and not cut:
         # NOTE: a producer that finishes this round without a cut is credited its early finish
         # by the request sum; its question ends with the consumers, so the wait delays it too
@@ -351,7 +347,54 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
 
 
+def _wait_rounds(c: CostCoeffs, case: WaitCase, v: RoundView, overflow: int,
+                 over_rows: int) -> tuple[float, float]:
+    """(the round the candidate runs in after a wait, the candidate's added latency: that
+    round, plus the round in between under overlap)."""
+    cut = 1 if case.cut_rest > 0 else 0
+    # NOTE: a round's latency is its scan and batch preparation (host) plus its forward; the
+    # fit measures forwards only. Under overlap the host time hides behind the previous forward.
+    nxt = v.host_s + c(min(v.row_budget, 1 + cut + v.parked_rows + over_rows),
+                       min(v.token_budget, case.length - case.depth + case.cut_rest
+                           + v.parked_tokens + overflow))
+    # NOTE: a wait of 2 rounds (overlap) passes a round that runs only the overflow; with none
+    # the overlap loop processes the producer's result without a forward in between.
+    between = (v.host_s + c(min(v.row_budget, over_rows), min(v.token_budget, overflow))
+               if overflow else 0.0)
+    return nxt, nxt + (case.lag - 1) * between
+
+
 def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
+    """`_group_verdict`, unless its wait would make the group's question the slowest of the
+    requests the choice affects (`raises_tail`): then it recomputes, as SGLang does."""
+    g = _group_verdict(c, case, v)
+    if g.wait and raises_tail(c, case, v):
+        return Verdict(False, g.wait_s, g.recompute_s, tail=True)
+    return g
+
+
+def raises_tail(c: CostCoeffs, case: WaitCase, v: RoundView) -> bool:
+    """The group's wait delays its question past the latency recomputing would give the oldest
+    request finishing with this round (docs/design.md, "The tail guard"). Only where the choice
+    affects nothing else: the round takes the whole group and all queued work either way (with
+    overflow the queued requests are the later tail, and waiting shortens the work before them).
+
+    Recomputing, every request finishing with the round (the group's question, the oldest)
+    finishes at its end; waiting, the round is shorter by the group's work (`saved`) and the
+    question finishes with the next one (`late`). The question arrived `older_by` after the
+    oldest, so its latency exceeds the oldest's recompute latency iff late - saved > older_by."""
+    k = group_size(v)
+    e, e2 = case.length - case.ready, case.length - case.depth
+    if k * e > v.budget_left or v.demand_after - (k - 1) * case.length > v.budget_left - k * e:
+        return False
+    last = _copy(v, demand_after=0, parked_rows=v.parked_rows + k - 1,
+                 parked_tokens=v.parked_tokens + (k - 1) * e2)
+    late = _wait_rounds(c, case, last, 0, 0)[1]
+    saved = k * (c.beta * e + c.delta * _pairs(case.ready, e) + c.gamma) + c.beta * case.cut_rest
+    return late - saved > v.older_by
+
+
+def _group_verdict(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     """One verdict for a sibling group: the candidate and the `v.siblings` queued requests
     behind it that share its prefix to the depth (same producer, same depth, same gain).
 
@@ -453,7 +496,8 @@ def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bo
     NOTE: the wait side does not read the ready prefix; the recompute side grows with the gain
     (extra work, displaced and chunked tokens), except where earlier siblings' recomputes
     exhaust the budget (the j-th sibling's displaced work then shrinks as they take more):
-    False unless the group is one request or every sibling fits the budget at this gain."""
+    False unless the group is one request or every sibling fits the budget at this gain. The
+    tail guard only turns waits into recomputes, and more so at a smaller gain (less saved)."""
     k = group_size(v)
     if k > 1 and v.budget_left < k * (case.length - case.ready):
         return False
@@ -542,6 +586,13 @@ def cut_pays(c: CostCoeffs, gain: int, rest: int, behind: int, users: float,
         return False
     per_token = c.beta + (c.alpha / backlog_budget if backlog_budget > 0 else 0.0)
     return min(users, 1.0) * per_token * gain * (1 + behind) > margin * c(1, rest)
+
+
+def cut_raises_tail(c: CostCoeffs, rest: int, older_by: float) -> bool:
+    """A cut request's question finishes a round later (that round, less the rest's tokens
+    this round no longer runs): past the latency of the oldest row finishing with this round,
+    which arrived `older_by` s before it (docs/design.md, "The tail guard")."""
+    return c(1, rest) - c.beta * rest > older_by
 
 
 def measured(c: CostCoeffs) -> bool:
