@@ -172,6 +172,7 @@ class RadixFlowRuntime:
         self._oldest: float | None = None  # the earliest stamp among rows finishing this round
         self._continuing: bool | None = None  # a running row decodes on (`_older_by`, lazily)
         self._sched = sched
+        self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
         self._deferred_heads: list[tuple[tuple, object]] = []
         self._independent: str | None = None  # the last visit no live producer could block
         self._fork_chunk = None
@@ -191,7 +192,6 @@ class RadixFlowRuntime:
                 self._chunk = (None, None)
                 self.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
                 return
-        self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
         if self._no_buffer_fork_possible(sched, adder, self.grid.layout):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
