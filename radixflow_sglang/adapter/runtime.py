@@ -454,7 +454,8 @@ class RadixFlowRuntime:
         rated = self.spec.cost_aware and self.traversal is not None
         values = (seconds,) + (() if host is None else (host,))
         if rated:
-            values += (self.clock(), self.arrivals.rate(self.clock()))
+            now = self.clock()
+            values += (now, self.arrivals.rate(now))
         agreed = self.share_forward(*values)
         seconds = float(agreed[0])
         if host is not None:
@@ -759,7 +760,8 @@ class _ScanView:
         return n
 
     def view(self, req: Req, adder: PrefillAdder, siblings: int = 0, host_s: float = 0.0,
-             arrival_rate: float = 0.0, tied: int = 0, older_by: float = 0.0) -> RoundView:
+             arrival_rate: float = 0.0, tied: int = 0,
+             older_by: float = math.inf) -> RoundView:
         run = adder.can_run_list
         i = self.pos.get(req.rid, self.queued - 1)
         left = budget_left(adder)

@@ -290,6 +290,11 @@ def _pairs(prefix: int, extend: int) -> float:
     return extend * (prefix + extend / 2)
 
 
+def _extend_cost(c: CostCoeffs, prefix: int, extend: int) -> float:
+    """What one request's `extend` tokens after `prefix` add to a round's forward."""
+    return c.beta * extend + c.delta * _pairs(prefix, extend) + c.gamma
+
+
 def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     """Wait iff the summed latency it adds (the candidate, lag rounds later) is below the summed
     latency recomputing adds (its whole extend delays what finishes with this round, its extra
@@ -332,7 +337,7 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     # with it) is delayed by the candidate's whole extend: waiting moves all of it out of the
     # round. What finishes later anyway runs the rest in a later round either way: the gain.
     here = v.rows + group_size(v)  # NOTE: the candidate and the siblings its rows can take
-    full = c.beta * e + c.delta * _pairs(case.ready, e) + c.gamma
+    full = _extend_cost(c, case.ready, e)
     recompute_s = (full * here + extra * (max(v.rows + v.behind - here, 0) + arriving)
                    + displaced * nxt)
     rest = e - v.budget_left
@@ -390,7 +395,7 @@ def raises_tail(c: CostCoeffs, case: WaitCase, v: RoundView) -> bool:
     last = _copy(v, demand_after=0, parked_rows=v.parked_rows + k - 1,
                  parked_tokens=v.parked_tokens + (k - 1) * e2)
     late = _wait_rounds(c, case, last, 0, 0)[1]
-    saved = k * (c.beta * e + c.delta * _pairs(case.ready, e) + c.gamma) + c.beta * case.cut_rest
+    saved = k * _extend_cost(c, case.ready, e) + c.beta * case.cut_rest
     return late - saved > v.older_by
 
 
