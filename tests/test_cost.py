@@ -800,6 +800,31 @@ def test_kit_a_producer_first_seen_two_scans_before_its_consumers_is_not_tied(ma
     assert sorted(k.runtime.parked()) == (["b1", "b2", "b3"] if waits else [])
 
 
+def test_kit_a_producer_cut_at_the_fork_is_not_tied(make_kit, tmp_path):
+    """no_buffer (qwen3.5-4b, 8 ms rounds): a 600-token document's first consumer waits, which
+    cuts its producer at the fork as SGLang's one chunk (`_apply_fork`). The producer then
+    finishes its prefill next round whatever its consumers do: no later consumer is tied to it
+    (`_tied`'s `new_chunked_req` check; each decide event records its view)."""
+    import json
+
+    from eval.costmodel import cost_with
+    from radixflow_sglang.config import RadixFlowConfig
+
+    trace = tmp_path / "t.jsonl"
+    k = make_kit("qwen3.5-4b", "no_buffer", "radixflow",
+                 radixflow_config=RadixFlowConfig(policy="radixflow", trace=str(trace)))
+    k.runtime.use_prior(cost_with("qwen3.5-4b", alpha_ms=8))
+    doc = list(range(10_000, 10_600))
+    k.submit(*[k.req(f"a{i}", doc + list(range(50_000 + 40 * i, 50_020 + 40 * i)))
+               for i in range(4)])
+    k.step()
+    assert k.sched.chunked_req.rid == "a0"  # NOTE: cut at the fork
+    decided = [json.loads(line) for line in trace.read_text().splitlines()]
+    tied = [(e["rid"], e["view"]["tied"], e["wait"]) for e in decided if e["event"] == "decide"]
+    assert tied == [("a1", 1, True), ("a2", 0, True), ("a3", 0, True)]
+    k.drain()
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
 def test_kit_siblings_are_not_split_between_recompute_and_wait(make_kit):
     """SGLang's real scan: 4 branches of a 1,152-token document with 1,000-token suffixes at
     alpha 20 ms. Deciding each alone parked the first two consumers and recomputed the third

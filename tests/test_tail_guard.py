@@ -161,3 +161,22 @@ def test_kit_a_lone_questions_learned_cut_is_not_made(guard):
     b = kit.runtime.boundary
     assert (b.moved["marker"] > 0) is not guard
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_kit_a_quiet_scan_reads_no_earlier_scans_view(make_kit):
+    """The scan view (queue positions the tail check's `passed_over` reads) belongs to one scan:
+    a quiet scan after a scan that built one starts without it (it was kept, and a learned
+    cut's tail check in the quiet scan read the earlier queue)."""
+    from eval.costmodel import cost_with
+
+    k = make_kit("qwen3.5-27b", "no_buffer", "radixflow")
+    rt = k.runtime
+    rt.use_prior(cost_with("qwen3.5-27b", alpha_ms=200))
+    k.submit(*_question(k, "a", 1), *_question(k, "b", 2))
+    k.step()
+    assert not rt.stats.quiet and rt._scan is not None  # NOTE: b1-b3 were priced
+    k.drain()
+    k.submit(*_question(k, "c", 3, n=8))
+    k.step()
+    assert rt.stats.quiet and rt._scan is None
+    assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
