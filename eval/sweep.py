@@ -36,7 +36,10 @@ Tokens: every point records the oracle (`unique_tokens`: each shared prefix comp
 eval/twin.py's L_cap), `tokens_vs_oracle` and `oracle_vs_stock` (the floor of
 `tokens_vs_stock` at that rate; stock reuses more under load, since siblings split across full
 rounds reuse the earlier ones' states, so the floor rises with the rate), and `waste`: the
-tokens beyond the oracle split exactly by cause (eval/waste.py).
+tokens beyond the oracle split exactly by cause (eval/waste.py). `saturated` (per policy, when
+the top swept rate overloads it): its service rate, and that rate scheduling only the floor
+(oracle + grid) at its own time per token; stock's figure is what computing each shared
+prefix once buys at stock's time per token.
 
 Writes DIR/sweep.json (`{"config", "slo_p95_s", "unloaded", "policies": {NAME: {"max_rate",
 "points": [...], ...}}, "ratio_vs_stock": {NAME: ratio}}`), DIR/report.md and DIR/sweep.png
@@ -275,6 +278,25 @@ def sweep(setup: Setup, policies: Sequence[str], rates: Sequence[float], *,
     return document(setup, policies, rates, points, slo, unloaded, refine)
 
 
+def saturated(pts: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Service at the top swept rate when it overloads the policy (its queue never empties):
+    questions completed per second, and that rate at the floor every hybrid-model scheduler
+    pays (the oracle plus the checkpoint grid's recompute, eval/waste.py) with its time per
+    scheduled token held: `at_floor` = service x scheduled / floor. Stock's `at_floor_vs_stock`
+    is then the saturated service ratio of a scheduler that computes each shared prefix once
+    at stock's time per token. None: the top rate keeps pace (nothing measures the service)."""
+    ok = [pt for pt in pts if not pt.get("failed")]
+    top = max(ok, key=lambda pt: pt["rate"]) if ok else None
+    if top is None or top["throughput_ratio"] >= PACE or not top.get("completion_rate"):
+        return None
+    w = top.get("waste") or {}
+    floor = w.get("unique", 0) + w.get("grid", 0)
+    mu = top["completion_rate"]
+    return {"rate": top["rate"], "service_rate": mu, "floor_tokens": floor,
+            "tokens_vs_floor": top["scheduled_tokens"] / floor if floor else None,
+            "at_floor": mu * top["scheduled_tokens"] / floor if floor else None}
+
+
 def _round_rate(x: float) -> float:
     return float(f"{x:.4g}")
 
@@ -304,7 +326,14 @@ def document(setup: Setup, policies: Sequence[str], rates: Sequence[float],
         waste = [pt["tokens_vs_oracle"] for pt in pts if pt["tokens_vs_oracle"] is not None]
         out[p] = {"max_rate": best, "first_unsustainable": first_bad, "censored": censored,
                   "tokens_vs_stock_max": max(toks) if toks else None,
-                  "tokens_vs_oracle_max": max(waste) if waste else None, "points": pts}
+                  "tokens_vs_oracle_max": max(waste) if waste else None,
+                  "saturated": saturated(pts), "points": pts}
+    base_mu = (out.get("stock", {}).get("saturated") or {}).get("service_rate")
+    for d in out.values():
+        sat = d["saturated"]
+        if sat is not None and base_mu:
+            sat["vs_stock"] = sat["service_rate"] / base_mu
+            sat["at_floor_vs_stock"] = sat["at_floor"] / base_mu if sat["at_floor"] else None
     ratio = {}
     base = out.get("stock", {}).get("max_rate")
     for p in policies:
@@ -370,12 +399,32 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{_f(pt['tokens_vs_stock'])} | {_f(pt.get('oracle_vs_stock'))} | "
                 f"{_f(pt.get('tokens_vs_oracle'))} | {pt['rounds']} | {pt['recomputed']} | "
                 f"{'yes' if pt['sustainable'] else 'no: ' + '; '.join(pt['why'])} |")
+    lines += _saturation_table(pol)
     lines += _waste_table(pol)
     lines += ["", "`*`: a refinement point (bisection between the last sustainable and the first "
               "unsustainable swept rate). oracle: every shared prefix computed once (the "
               "unique tokens of eval/twin.py's L_cap); oracle vs stock is the floor of tokens "
               "vs stock at that rate, tokens vs oracle what a policy recomputes beyond it."]
     return "\n".join(lines) + "\n"
+
+
+def _saturation_table(pol: dict[str, Any]) -> list[str]:
+    """Service at the top swept rate (`saturated`): what capacity is made of once queued."""
+    rows = [f"| {p} | {s['rate']:g} | {_f(s['service_rate'], '.2f')} | "
+            f"{_f(s.get('vs_stock'), '.2f')} | {s['floor_tokens']} | "
+            f"{_f(s['tokens_vs_floor'])} | {_f(s['at_floor'], '.2f')} | "
+            f"{_f(s.get('at_floor_vs_stock'), '.2f')} |"
+            for p, d in pol.items() if (s := d.get("saturated")) is not None]
+    if not rows:
+        return []
+    return ["", "## At saturation (the top swept rate, every question queued)", "",
+            "| policy | rate | service q/s | vs stock | floor tokens | tokens vs floor | "
+            "service at the floor | vs stock |", "|" + "---|" * 8, *rows, "",
+            "floor: the oracle's tokens plus the checkpoint grid's recompute, which no "
+            "scheduler of a hybrid model avoids (eval/waste.py). Service at the floor: the "
+            "service rate with each policy's time per scheduled token held, scheduling only "
+            "the floor; stock's is what computing each shared prefix once buys at stock's "
+            "time per token."]
 
 
 def _waste_table(pol: dict[str, Any]) -> list[str]:

@@ -163,6 +163,42 @@ def test_quick_sweep_measures_tokens_against_the_oracle(quick) -> None:
     assert all(p["tokens_vs_oracle"] > 1.0 for p in doc["policies"]["stock"]["points"])
 
 
+
+def _top(rate: float, pace: float, **kw) -> dict:
+    return {"rate": rate, "throughput_ratio": pace, "completion_rate": kw.pop("mu", rate),
+            "scheduled_tokens": kw.pop("tokens", 1000), "waste": kw.pop("waste", {}), **kw}
+
+
+def test_saturation_reads_the_top_rate_and_scales_it_to_the_floor() -> None:
+    """Service at the top swept rate when it overloads the policy, and that service scheduling
+    only the oracle plus the grid's recompute at the policy's own time per token."""
+    pts = [_top(64, 0.4, mu=10.0, tokens=2000, waste={"unique": 900, "grid": 100}),
+           _top(8, 1.0), {"rate": 128, "failed": True}]
+    s = sweep.saturated(pts)
+    assert s == {"rate": 64, "service_rate": 10.0, "floor_tokens": 1000,
+                 "tokens_vs_floor": 2.0, "at_floor": 20.0}
+    assert sweep.saturated([_top(8, 1.0), _top(64, sweep.PACE)]) is None  # keeps pace
+    assert sweep.saturated([{"rate": 1, "failed": True}]) is None
+
+
+def test_quick_sweep_reports_saturation_against_stocks_service(quick) -> None:
+    _, out, doc = quick
+    pol = doc["policies"]
+    stock = pol["stock"]["saturated"]
+    assert stock is not None and stock["vs_stock"] == 1.0  # 16 questions at 64 q/s overload it
+    for d in pol.values():
+        top = max(d["points"], key=lambda p: p["rate"])
+        s = d["saturated"]
+        if top["throughput_ratio"] >= sweep.PACE:
+            assert s is None
+            continue
+        floor = top["waste"]["unique"] + top["waste"]["grid"]
+        assert s["floor_tokens"] == floor and s["service_rate"] == top["completion_rate"]
+        assert s["tokens_vs_floor"] >= 1.0
+        assert s["at_floor_vs_stock"] == pytest.approx(
+            top["completion_rate"] * top["scheduled_tokens"] / floor / stock["service_rate"])
+    assert "## At saturation" in (out / "report.md").read_text()
+
 # --- bad flags -------------------------------------------------------------------------------
 
 
