@@ -292,9 +292,9 @@ def saturated(pts: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     w = top.get("waste") or {}
     floor = w.get("unique", 0) + w.get("grid", 0)
     mu = top["completion_rate"]
+    over = top["scheduled_tokens"] / floor if floor else None
     return {"rate": top["rate"], "service_rate": mu, "floor_tokens": floor,
-            "tokens_vs_floor": top["scheduled_tokens"] / floor if floor else None,
-            "at_floor": mu * top["scheduled_tokens"] / floor if floor else None}
+            "tokens_vs_floor": over, "at_floor": mu * over if over else None}
 
 
 def _round_rate(x: float) -> float:

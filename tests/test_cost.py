@@ -825,6 +825,7 @@ def test_kit_a_producer_cut_at_the_fork_is_not_tied(make_kit, tmp_path):
     k.drain()
     assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
+
 def test_kit_siblings_are_not_split_between_recompute_and_wait(make_kit):
     """SGLang's real scan: 4 branches of a 1,152-token document with 1,000-token suffixes at
     alpha 20 ms. Deciding each alone parked the first two consumers and recomputed the third

@@ -163,7 +163,6 @@ def test_quick_sweep_measures_tokens_against_the_oracle(quick) -> None:
     assert all(p["tokens_vs_oracle"] > 1.0 for p in doc["policies"]["stock"]["points"])
 
 
-
 def _top(rate: float, pace: float, **kw) -> dict:
     return {"rate": rate, "throughput_ratio": pace, "completion_rate": kw.pop("mu", rate),
             "scheduled_tokens": kw.pop("tokens", 1000), "waste": kw.pop("waste", {}), **kw}
@@ -198,6 +197,7 @@ def test_quick_sweep_reports_saturation_against_stocks_service(quick) -> None:
         assert s["at_floor_vs_stock"] == pytest.approx(
             top["completion_rate"] * top["scheduled_tokens"] / floor / stock["service_rate"])
     assert "## At saturation" in (out / "report.md").read_text()
+
 
 # --- bad flags -------------------------------------------------------------------------------
 
