@@ -55,6 +55,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 LAYOUTS = ("extra_buffer", "no_buffer")
+EXECUTORS = ("witness", "scripted")
 CONTEXT_LEN = 32_768  # the pools' max_context_len
 FILLER_ID = 7  # the generated id of a request without a scripted output
 
@@ -349,6 +350,9 @@ class Kit:
     on_retract: Callable[[Req], None] | None = None  # a request retract_decode sent back
     keep_finished: bool = True  # keep completed Reqs in `finished` (a long soak keeps none)
     agreement: Callable | None = None  # how the hold shares rank 0's decision (default: local)
+    # "witness": states are exact fingerprints, checked on every forward and a mismatch raises
+    # (adapter/witness.py); "scripted": nothing reads a state (the unscripted id is FILLER_ID).
+    executor: str = "witness"
 
     def __post_init__(self) -> None:
         if self.cfg.layout not in LAYOUTS:
@@ -368,6 +372,7 @@ class Kit:
             self.sched.init_radixflow(sleep=self.sleep or (lambda _s: None),
                                       **{k: v for k, v in given.items() if v is not None})
         self.processor = result_processor(self.sched, self.cfg.overlap)
+        self.witness = self._witness()
         self.sched._add_request_to_queue = self._requeue_retracted
         self.sched.send_abort_output = lambda _out, req: self._aborted(req)
         self.rounds: list[Round] = []
@@ -497,9 +502,7 @@ class Kit:
         rnd = None
         if batch is not None:
             rnd = self._record(batch) if batch.forward_mode.is_extend() else self._decoded(batch)
-            # NOTE: as event_loop_overlap, the queue keeps a copy: the batch itself may become
-            # the running batch, which the next step's prepare_for_decode changes.
-            s.result_queue.append((batch.copy() if self.cfg.overlap else batch, None))
+            s.result_queue.append((self.launch(batch), None))
         elif not s.result_queue:
             s.new_token_ratio_tracker.reset()  # as Scheduler.on_idle
         if s.result_queue and (not self.cfg.overlap or batch is None
@@ -516,12 +519,40 @@ class Kit:
         s.running_batch = plan.running_batch
         return plan.batch_to_run
 
+    def launch(self, batch: ScheduleBatch) -> ScheduleBatch:
+        """The forward, at launch (the device runs forwards in launch order): the witness reads
+        and writes states now; the result waits for `complete`. Returns what the result queue
+        holds: as event_loop_overlap, a copy under overlap (the batch itself may become the
+        running batch, which the next step's prepare_for_decode changes)."""
+        ids = self.witness.forward(batch, self._scripted) if self.witness is not None else None
+        launched = batch.copy() if self.cfg.overlap else batch
+        if ids is not None:
+            launched._radixflow_ids = ids
+        return launched
+
+    def _witness(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"Kit.executor: {self.executor!r} (choose from "
+                             f"{', '.join(EXECUTORS)})")
+        if self.executor != "witness":
+            return None
+        from radixflow_sglang.adapter.witness import Witness
+
+        chunk = getattr(self.sched.model_config.hf_text_config, "mamba_chunk_size", 64)
+        return Witness(self.pools.req_to_token, self.pools.allocator.get_kvcache(),
+                       self.geometry.vocab_size, chunk)
+
+    def _scripted(self, req: Req, k: int) -> int | None:
+        out = self._outputs.get(req.rid, ())
+        return out[k] if k < len(out) else None
+
     def complete(self, batch: ScheduleBatch) -> None:
         """Process one batch's result with SGLang's result processor (scheduler.py
         `process_batch_result`: decode -> `process_batch_result_decode`, extend ->
         `process_batch_result_prefill`), the model's sampled ids being the scripted ones."""
         open_ = [r for r in batch.reqs if not r.finished()]
         result = GenerationBatchResult(next_token_ids=self._sampled(batch))
+
         try:
             if batch.forward_mode.is_decode():
                 self.processor.process_batch_result_decode(batch, result)
@@ -537,11 +568,18 @@ class Kit:
             self.sched.chunked_req = None
 
     def _sampled(self, batch: ScheduleBatch) -> torch.Tensor:
-        """The ids the model samples for the batch's rows: each row's next scripted id (a row
-        whose output is not committed this time gets one too; the processor ignores it).
-        Prefill-only batches get zeros, as tp_worker.py does for them."""
+        """The ids the model samples for the batch's rows: the witness's (a scripted id where the
+        request has one), else each row's next scripted id or FILLER_ID (a row whose output is
+        not committed this time gets one too; the processor ignores it). Prefill-only batches
+        get zeros, as tp_worker.py does for them."""
+        # NOTE: popped: without overlap the launched batch may become the running batch.
+        ids = batch.__dict__.pop("_radixflow_ids", None)
+        if ids is None and self.witness is not None:  # launched outside `step` / `launch`
+            ids = self.witness.forward(batch, self._scripted)
         if batch.is_prefill_only:
             return torch.zeros(len(batch.reqs), dtype=torch.int64)
+        if ids is not None:
+            return torch.tensor(ids, dtype=torch.int64)
         ids = []
         for r in batch.reqs:
             out = self._outputs.get(r.rid, ())
