@@ -24,6 +24,8 @@ from radixflow_sglang.core.admission import (
 from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.stats import RequestStats
 
+from .reqs import req_len, round_budget
+
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.scheduler import Scheduler
@@ -119,8 +121,6 @@ class AdmissionHold:
         busy = (not running_batch.is_empty() or sched.chunked_req is not None
                 or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
         rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
-        from .runtime import req_len, round_budget  # NOTE: runtime imports this module
-
         budget = round_budget(sched)
         residual = sum(req_len(r) for r in queue)
         if residual >= budget and not busy:  # NOTE: match only when the bound alone can't decide

@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,18 @@ from . import check_sglang_version, slot
 from .admission import AdmissionHold, Sleep
 from .agreement import local_share
 from .boundary import BoundaryPublisher, cut_chunk
+from .reqs import (
+    budget_left,
+    cache_hit,
+    chunk_cut,
+    last_token,
+    namespace,
+    release_parked,
+    req_len,
+    req_tokens,
+    running,
+)
+from .scanview import ScanView
 
 check_sglang_version()
 
@@ -44,45 +56,6 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
-
-
-def namespace(req: Req) -> tuple:
-    # NOTE: the radix key's fields (mem_cache/common.py::_req_radix_key) plus the LoRA adapter.
-    return (req.extra_key, req.cache_salt, req.lora_id)
-
-
-def req_tokens(req: Req):
-    return req.origin_input_ids + req.output_ids if req.output_ids else req.origin_input_ids
-
-
-def req_len(req: Req) -> int:
-    """len(req_tokens(req)) without building the list."""
-    return len(req.origin_input_ids) + len(req.output_ids)
-
-
-def running(sched: Scheduler) -> int:
-    """Requests in the running (decode) batch."""
-    return len(sched.running_batch.reqs) if sched.running_batch is not None else 0
-
-
-def round_budget(sched: Scheduler) -> int:
-    """A prefill round's token budget T: max_prefill_tokens, capped by the chunk size if set."""
-    budget, chunk = sched.max_prefill_tokens, sched.chunked_prefill_size
-    return min(budget, chunk) if chunk and chunk > 0 else budget
-
-
-def budget_left(adder: PrefillAdder) -> int:
-    """Prefill tokens this round can still take: the input budget, and the chunk's if set."""
-    left = adder.rem_input_tokens
-    return left if adder.rem_chunk_tokens is None else min(left, adder.rem_chunk_tokens)
-
-
-def cache_hit(req: Req) -> int:
-    """Tokens of this extend's ready prefix the request did not compute itself: SGLang's own
-    cached-token increment (schedule_batch.py `prepare_for_extend`: prefix_len -
-    already_computed), read before it runs. A continued chunk's earlier chunks are its own
-    work, not a hit."""
-    return max(req.prefix_len - req.already_computed, 0)
 
 
 def cache_grid(sched: Scheduler) -> Grid:
@@ -117,7 +90,7 @@ class RadixFlowRuntime:
         self.arrival_rate = 0.0  # rank 0's, agreed with each prefill forward (the wait rule)
         self.agreed_now = 0.0  # rank 0's clock at the last prefill forward (request stamps)
         self._queued: set[str] = set()
-        self._scan: _ScanView | None = None
+        self._scan: ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
         self.boundary = BoundaryPublisher(cfg.boundaries if reuse else "off", grid,
@@ -297,7 +270,7 @@ class RadixFlowRuntime:
             t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
             return False
         if self.spec.cost_aware:
-            self._scan = self._scan or _ScanView.of(sched)
+            self._scan = self._scan or ScanView.of(sched)
             first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
             sib = self._siblings(req, tokens, t.group_depth(b), sibs) if first else 0
             view = self._view(req, adder, sib, b.producer)
@@ -333,7 +306,7 @@ class RadixFlowRuntime:
         bs = t.blockings(c0, hits)
         if not bs:
             return False
-        self._scan = self._scan or _ScanView.of(sched)
+        self._scan = self._scan or ScanView.of(sched)
         ok = t.recomputes_unprobed(
             c0, bs, lambda b: self._view(req, adder, self._siblings(
                 req, c0.tokens, t.group_depth(b), sibs), b.producer), self.cost.decision_coeffs)
@@ -364,10 +337,10 @@ class RadixFlowRuntime:
         not this round's (core/cost.py `raises_tail`)."""
         if self._continuing is None:
             b = self._sched.running_batch
-            self._continuing = b is not None and any(not _last_token(r) for r in b.reqs)
+            self._continuing = b is not None and any(not last_token(r) for r in b.reqs)
         if self._continuing:
             return math.inf
-        self._scan = self._scan or _ScanView.of(self._sched)
+        self._scan = self._scan or ScanView.of(self._sched)
         if self._scan.passed_over(req, adder.can_run_list):
             return math.inf
         rs = self.requests.get(req.rid)
@@ -394,7 +367,7 @@ class RadixFlowRuntime:
         if rs is not None and rs.first_selected is None:
             rs.first_selected, rs.first_selected_round = self.clock(), self.round
         self._released += rs is not None and rs.rounds_parked > 0
-        finishing = req is not adder.new_chunked_req and _last_token(req)
+        finishing = req is not adder.new_chunked_req and last_token(req)
         self._finishing += finishing
         if finishing and rs is not None:
             self._oldest = rs.stamp if self._oldest is None else min(self._oldest, rs.stamp)
@@ -521,7 +494,7 @@ class RadixFlowRuntime:
         if self._boundary_defer(sched, req, adder):
             release_parked(sched, req)
             return True
-        cut = _chunk_cut(sched, adder, req, left)
+        cut = chunk_cut(sched, adder, req, left)
         if cut is None:
             return False
         if self._fork_chunk is not None:
@@ -557,7 +530,7 @@ class RadixFlowRuntime:
                 return False  # NOTE: one a live producer shares a prefix with is traversal's
             extend = len(req.full_untruncated_fill_ids) - req.prefix_len
             extend = min(extend, int(budget_left(adder)))
-            self._scan = self._scan or _ScanView.of(sched)
+            self._scan = self._scan or ScanView.of(sched)
             v = self._view(req, adder, 0)
             others = v.behind + v.rows - self._finishing
             taken = max(v.token_budget - v.budget_left, 0)  # NOTE: this round's tokens so far
@@ -686,119 +659,3 @@ class RadixFlowRuntime:
             if self.dp_rank is not None:
                 record = {"dp_rank": self.dp_rank, **record}
             self._trace.write(json.dumps(record, default=str) + "\n")
-
-
-def _last_token(req: Req) -> bool:
-    """The request's next token is its last (max_new_tokens): it finishes with this round."""
-    most = req.sampling_params.max_new_tokens
-    return most is not None and most - len(req.output_ids) <= 1
-
-
-def _compute_charge(adder: PrefillAdder, extend: int) -> int:
-    """What `PrefillAdder._update_prefill_budget` takes from the compute budgets for an extend."""
-    return extend if adder.exact_chunk_fill else adder.ceil_paged_tokens(extend)
-
-
-def _chunk_cut(sched: Scheduler, adder: PrefillAdder, req: Req, left: int) -> int | None:
-    """None when the request fits the residual chunk budget `left` whole, else the extend
-    SGLang would cut it to (schedule_policy.py `PrefillAdder._select_prefill_admission`:
-    fit on the page-ceiled extend, cut floored to the page and truncation_align_size)."""
-    extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-    if _compute_charge(adder, extend) <= left:
-        return None
-    page, align = adder.page_size, sched.truncation_align_size
-    if adder.exact_chunk_fill:
-        return left // align * align if align is not None else left
-    cut = left // page * page
-    if align is not None:
-        cut = cut // align * align
-    return (req.prefix_len + cut) // page * page - req.prefix_len
-
-
-@dataclass
-class _ScanView:
-    """Per-scan, rank-identical inputs of the cost-aware wait rule (core/cost.py RoundView):
-    the waiting queue's order and token demand, the budgets, the running decode rows."""
-
-    pos: dict[str, int]  # rid -> queue position
-    queue: list  # the waiting queue's requests, in order
-    after: list[int]  # after[i]: input tokens of queue entries i.. (upper bound of demand)
-    queued: int
-    running: int
-    mean_extend: float
-    token_budget: int
-    row_budget: int
-    parked_tokens: int = 0
-    parked_rows: int = 0
-
-    @classmethod
-    def of(cls, sched: Scheduler) -> _ScanView:
-        q = sched.waiting_queue
-        lens = [req_len(r) for r in q]
-        after = [0] * (len(lens) + 1)
-        for i in range(len(lens) - 1, -1, -1):
-            after[i] = after[i + 1] + lens[i]
-        return cls({r.rid: i for i, r in enumerate(q)}, list(q), after, len(q), running(sched),
-                   after[0] / len(q) if q else 1.0, round_budget(sched),
-                   sched.max_running_requests)
-
-    def siblings(self, req: Req, ns: tuple, tokens, depth: int, window: int = 64) -> int:
-        """Queued requests after `req` (the next `window`) in its cache namespace that share its
-        first `depth` tokens and can match past them: its sibling group (core/cost.py
-        `group_wait_wins`). NOTE: siblings arrive together, so they sit next to each other in
-        fcfs and lpm order; the window bounds the cost (one compare per entry, C speed)."""
-        i = self.pos.get(req.rid)
-        if i is None or depth <= 0:
-            return 0
-        head, last = tokens[:depth], tokens[depth - 1]
-        n = 0
-        for r in self.queue[i + 1:i + 1 + window]:
-            rt = req_tokens(r)
-            if (len(rt) > depth and rt[depth - 1] == last and namespace(r) == ns
-                    and rt[:depth] == head):
-                n += 1
-        return n
-
-    def view(self, req: Req, adder: PrefillAdder, siblings: int = 0, host_s: float = 0.0,
-             arrival_rate: float = 0.0, tied: int = 0,
-             older_by: float = math.inf) -> RoundView:
-        run = adder.can_run_list
-        i = self.pos.get(req.rid, self.queued - 1)
-        left = budget_left(adder)
-        selected = sum(1 for r in run if r.rid in self.pos)
-        return RoundView(
-            rows=len(run), behind=self.queued - selected + self.running,
-            budget_left=max(int(left), 0), demand_after=self.after[i + 1],
-            mean_extend=self.mean_extend,
-            rows_left=max(self.row_budget - self.running - len(run), 0),
-            parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
-            token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings,
-            host_s=host_s, arrival_rate=arrival_rate, tied=tied,
-            older_by=older_by)  # NOTE: built once
-
-    def passed_over(self, req: Req, run: list) -> bool:
-        """A request queued before `req` was not selected this scan (parked, held, deferred):
-        it finishes after this round. NOTE: the scan visits the queue in order, so every
-        selected queued request but `req` itself sits before it."""
-        i = self.pos.get(req.rid)
-        if i is None:
-            return False
-        selected = sum(1 for r in run if r.rid in self.pos and r is not req)
-        return i > selected
-
-    def parked(self, extend: int) -> None:
-        self.parked_tokens += extend
-        self.parked_rows += 1
-
-
-def release_parked(sched: Scheduler, req: Req) -> None:
-    """Free what a parked request holds, exactly as the scan's own revert of a rejected request
-    (scheduler.py `_get_new_batch_prefill_raw`, after `add_one_req`): the deferred copy-on-write
-    source and clear flag, and a freshly allocated mamba slot (never a session's)."""
-    req.kv.mamba_cow_src_index = None
-    req.kv.mamba_needs_clear = False
-    if req.kv.holds_mamba and not getattr(req, "session", None):
-        sched.tree_cache.req_to_token_pool.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
-        req.kv.mamba_pool_idx = None
-
-
