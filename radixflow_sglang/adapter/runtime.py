@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
@@ -22,12 +23,14 @@ from radixflow_sglang.core.cost import (
     CostCoeffs,
     RoundCostEstimator,
     RoundView,
+    Verdict,
     never_waits,
     newcomer_waits,
 )
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.producers import Producer
+from radixflow_sglang.core.reasons import RULEBOOK, Action, Reason
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
@@ -118,6 +121,10 @@ class RadixFlowRuntime:
         self.quiet_visits = 0  # visits that skipped the traversal: nothing could be Blocked
         self._quiet = False  # this scan: no candidate can wait, hooks off (`_quiet_scan`)
         self._held_since_round = 0
+        # NOTE: decisions by reason (core/reasons.py): all time (/server_info) and this scan's
+        # (Prometheus, counted once per round like the other series)
+        self.reasons: Counter[Reason] = Counter()
+        self._round_reasons: Counter[Reason] = Counter()
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
     @classmethod
@@ -224,27 +231,39 @@ class RadixFlowRuntime:
             self.traversal.admitted(self._producer(req, movable=movable))
 
     def park(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        """The VISIT decision point (core/reasons.py): True keeps `req` out of this round
+        (held or parked); False hands it to native handling. Counted and traced by reason."""
+        action, why = self._visit(sched, req, adder)
+        self._decided("park", req.rid, action, why)
+        return action is not Action.NATIVE
+
+    def _visit(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
+        """The VISIT rules, in the rulebook's order; the first that fires decides."""
         self._register(req)
         if self.gate is not None and not self.requests[req.rid].eligible:
             self.stats.held += 1  # held by the timer while eligible work runs: not visited
-            return True
+            return Action.HOLD, Reason.HELD
         self.stats.visited += 1
         t = self.traversal
-        if t is None or self._quiet or getattr(req, "session", None) is not None:
-            return False
+        if t is None:
+            return Action.NATIVE, Reason.NO_TRAVERSAL
+        if self._quiet:
+            return Action.NATIVE, Reason.QUIET_SCAN
+        if getattr(req, "session", None) is not None:
+            return Action.NATIVE, Reason.SESSION
         if t.quiet():
             # NOTE: no producer indexed (none in flight, none admitted yet this scan): nothing
             # can be Blocked; a request parked last round is rechecked and goes native
             self.quiet_visits += 1
             t.waits.release(req.rid)
             self._independent = req.rid
-            return False
+            return Action.NATIVE, Reason.NO_PRODUCER
         tokens, ns = req_tokens(req), namespace(req)
         hits = t.may_block(req.rid, ns, tokens)
         if not hits:
             t.waits.release(req.rid)  # rechecked: no live producer, native handling
             self._independent = req.rid  # NOTE: `_newcomer_defers` reads it next
-            return False
+            return Action.NATIVE, Reason.NO_SHARER
         if adder.new_chunked_req is not None and self._fork_chunk is None:
             t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
         sibs: dict[int, int] = {}
@@ -254,12 +273,12 @@ class RadixFlowRuntime:
                 # NOTE: not Blocked even with nothing ready (a larger ready prefix only shrinks
                 # the gain): skip the probe match, native handling matches once, as stock does
                 t.waits.release(req.rid)
-                return False
+                return Action.NATIVE, Reason.NOT_BLOCKED
             if self.spec.cost_aware and self._recomputes_unprobed(sched, req, adder, c0, hits,
                                                                   sibs):
                 t.waits.release(req.rid)  # recomputing wins even at the largest gain
                 self.stats.recomputed += 1
-                return False
+                return Action.NATIVE, Reason.RECOMPUTE_UNPROBED
         # NOTE: probe the ready prefix without copy-on-write; admission re-matches natively.
         self.stats.probed += 1
         req.init_next_round_input(sched.tree_cache, cow_mamba=False)
@@ -268,34 +287,52 @@ class RadixFlowRuntime:
         b = t.classify(cand, hits)
         if b is None:
             t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
-            return False
+            return Action.NATIVE, Reason.NOT_BLOCKED
+        why = Reason.ALWAYS_WAIT
         if self.spec.cost_aware:
-            self._scan = self._scan or ScanView.of(sched)
-            first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
-            sib = self._siblings(req, tokens, t.group_depth(b), sibs) if first else 0
-            view = self._view(req, adder, sib, b.producer)
-            if first:  # NOTE: no_buffer: a fork cut takes SGLang's one chunk slot
-                view = slot.priced(self, self._scan, sched, req, b, view)
-            verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
-            b = t.placed(cand, b)
-            if self._trace is not None:
-                self._emit({"event": "decide", "round": self.round, "rid": req.rid,
-                            "producer": b.producer, "ready": b.ready, "depth": b.depth,
-                            "length": len(tokens), "fork": b.fork, "wait": verdict.wait,
-                            "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
-                            "tail": verdict.tail,
-                            "view": view.__dict__, "probed": True})
+            verdict, b = self._decide(sched, req, adder, cand, b, sibs)
+            why = verdict.reason
             if not verdict.wait:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
                 self.stats.recomputed += 1
-                return False
+                return Action.NATIVE, why
             self._scan.parked(len(tokens) - b.depth)
         if not t.park(cand, b):
-            return False
+            return Action.NATIVE, Reason.BOUND_SPENT
         release_parked(sched, req)
         self._apply_fork(b, adder)
         self.requests[req.rid].rounds_parked += 1
-        return True
+        return Action.PARK, why
+
+    def _decide(self, sched: Scheduler, req: Req, adder: PrefillAdder, cand: Candidate,
+                b: Blocking, sibs: dict[int, int]) -> tuple[Verdict, Blocking]:
+        """The cost-aware wait rule for a probed Blocked `cand` (core/traversal.py `decide`):
+        its verdict and the Blocking it would park with."""
+        t = self.traversal
+        self._scan = self._scan or ScanView.of(sched)
+        first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
+        sib = self._siblings(req, cand.tokens, t.group_depth(b), sibs) if first else 0
+        view = self._view(req, adder, sib, b.producer)
+        if first:  # NOTE: no_buffer: a fork cut takes SGLang's one chunk slot
+            view = slot.priced(self, self._scan, sched, req, b, view)
+        verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
+        b = t.placed(cand, b)
+        if self._trace is not None:
+            self._emit({"event": "decide", "round": self.round, "rid": req.rid,
+                        "producer": b.producer, "ready": b.ready, "depth": b.depth,
+                        "length": len(cand.tokens), "fork": b.fork, "wait": verdict.wait,
+                        "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
+                        "tail": verdict.tail,
+                        "view": view.__dict__, "probed": True, "reason": verdict.reason})
+        return verdict, b
+
+    def _decided(self, point: str, rid: str, action: Action, why: Reason) -> None:
+        """Count one decision by its reason (/server_info, Prometheus) and trace it."""
+        self.reasons[why] += 1
+        self._round_reasons[why] += 1
+        if self._trace is not None:
+            self._emit({"event": point, "round": self.round, "rid": rid, "action": action,
+                        "reason": why})
 
     def _recomputes_unprobed(self, sched: Scheduler, req: Req, adder: PrefillAdder,
                              c0: Candidate, hits: list, sibs: dict[int, int]) -> bool:
@@ -314,7 +351,7 @@ class RadixFlowRuntime:
             self._emit({"event": "decide", "round": self.round, "rid": req.rid,
                         "producer": bs[0].producer, "ready": None, "depth": bs[0].depth,
                         "length": len(c0.tokens), "fork": bs[0].fork, "wait": False,
-                        "probed": False})
+                        "probed": False, "reason": Reason.RECOMPUTE_UNPROBED})
         return ok
 
     def _siblings(self, req: Req, tokens, depth: int, memo: dict[int, int]) -> int:
@@ -406,6 +443,9 @@ class RadixFlowRuntime:
                     self._emit({"event": "selected", **rs.__dict__})
         if self.metrics is not None:
             self.metrics.on_round(s, parked, s.held)
+            if self._round_reasons and hasattr(self.metrics, "on_reasons"):
+                self.metrics.on_reasons(self._round_reasons)
+        self._round_reasons = Counter()
         if (s.rows or s.blocked) and self._trace is not None:  # NOTE: as_dict is not free
             self._emit({"event": "round", **s.as_dict()})
 
@@ -471,7 +511,14 @@ class RadixFlowRuntime:
             "overtakes": self.overtakes,
             "wait_set": len(self.traversal.waits) if self.traversal is not None else 0,
             "boundaries": self.boundary.summary(),
+            "reasons": self.reason_counts(),
         }
+
+    def reason_counts(self) -> dict[str, int]:
+        """Visit and defer decisions made so far by reason, in the rulebook's order (their sum
+        is the number of decisions: one per `park` and one per `defer` call)."""
+        return {r.reason.value: self.reasons[r.reason] for r in RULEBOOK
+                if self.reasons[r.reason]}
 
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
     def hold(self, sched: Scheduler, running_batch) -> bool:
@@ -479,36 +526,41 @@ class RadixFlowRuntime:
         return self.admission is not None and self.admission.hold(sched, running_batch)
 
     def defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
-        """Skip a request this round, before it consumes anything, when admitting it would cut
-        it into a chunk: while a fork-cut producer holds SGLang's one chunk slot (the cut
-        would displace it), or, under +Frag, when the residual chunk budget would leave a
-        fragment that publishes no state (0 < cut < G; capped per request). Fit and cut are
-        SGLang's, on pages (a cut of 0 is native's OTHER, not a fragment). First, the
-        cost-aware rule's newcomer deferral (`_newcomer_defers`)."""
-        if self._newcomer_defers(sched, req, adder):
+        """The DEFER decision point (core/reasons.py): skip a request this round, before it
+        consumes anything, when admitting it would cut it into a chunk: while a fork-cut
+        producer holds SGLang's one chunk slot (the cut would displace it), or, under +Frag,
+        when the residual chunk budget would leave a fragment that publishes no state
+        (0 < cut < G; capped per request). Fit and cut are SGLang's, on pages (a cut of 0 is
+        native's OTHER, not a fragment). First, the cost-aware rule's newcomer deferral
+        (`_newcomer_defers`). Counted and traced by reason."""
+        action, why = self._defer(sched, req, adder)
+        self._decided("defer", req.rid, action, why)
+        if action is Action.DEFER:
             release_parked(sched, req)
-            return True
+        return action is Action.DEFER
+
+    def _defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
+        """The DEFER rules, in the rulebook's order; the first that fires decides."""
+        if self._newcomer_defers(sched, req, adder):
+            return Action.DEFER, Reason.NEWCOMER
         left = adder.rem_chunk_tokens
         if left is None or not adder.can_run_list:
-            return False
+            return Action.ADMIT, Reason.NO_CUT
         if self._boundary_defer(sched, req, adder):
-            release_parked(sched, req)
-            return True
+            return Action.DEFER, Reason.BOUNDARY_SLOT
         cut = chunk_cut(sched, adder, req, left)
         if cut is None:
-            return False
+            return Action.ADMIT, Reason.FITS
         if self._fork_chunk is not None:
-            release_parked(sched, req)
-            return True
+            return Action.DEFER, Reason.FORK_SLOT
         if not self.spec.frag or cut <= 0 or cut >= self.grid.size:
-            return False
+            return Action.ADMIT, Reason.NATIVE_CUT
         n = self.frag_deferred.get(req.rid, 0)
         if n >= self.cfg.frag_cap:
-            return False
+            return Action.ADMIT, Reason.FRAG_CAP
         self.frag_deferred[req.rid] = n + 1
         self.stats.frag_deferred += 1
-        release_parked(sched, req)
-        return True
+        return Action.DEFER, Reason.FRAGMENT
 
     def _newcomer_defers(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """Keep a request no live producer shares a prefix with out of a round that runs
