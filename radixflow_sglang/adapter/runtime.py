@@ -125,6 +125,7 @@ class RadixFlowRuntime:
         # (Prometheus, counted once per round like the other series)
         self.reasons: Counter[Reason] = Counter()
         self._round_reasons: Counter[Reason] = Counter()
+        self._parked_on: Blocking | None = None
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
     @classmethod
@@ -235,6 +236,11 @@ class RadixFlowRuntime:
         (held or parked); False hands it to native handling. Counted and traced by reason."""
         action, why = self._visit(sched, req, adder)
         self._decided("park", req.rid, action, why)
+        if action is Action.PARK and self._trace is not None:
+            b = self._parked_on
+            self._emit({"event": "parked", "round": self.round, "rid": req.rid,
+                        "producer": b.producer, "depth": b.depth, "ready": b.ready,
+                        "fork": b.fork, "reason": why})
         return action is not Action.NATIVE
 
     def _visit(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
@@ -302,6 +308,7 @@ class RadixFlowRuntime:
         release_parked(sched, req)
         self._apply_fork(b, adder)
         self.requests[req.rid].rounds_parked += 1
+        self._parked_on = b  # NOTE: the trace's detail of this park (`park`)
         return Action.PARK, why
 
     def _decide(self, sched: Scheduler, req: Req, adder: PrefillAdder, cand: Candidate,
@@ -409,6 +416,8 @@ class RadixFlowRuntime:
         if finishing and rs is not None:
             self._oldest = rs.stamp if self._oldest is None else min(self._oldest, rs.stamp)
         self._publish_boundary(sched, req, adder)
+        if self._trace is not None:
+            self._emit_admitted(req)
         if self.traversal is not None and not self._quiet:
             self._scan_reqs[req.rid] = req
             self.traversal.admitted(self._producer(req, movable=True))
@@ -705,6 +714,16 @@ class RadixFlowRuntime:
         layout = cache_grid(sched).layout if layout is None else layout
         return (layout is Layout.NO_BUFFER and sched.chunked_req is None
                 and adder.rem_chunk_tokens is not None)
+
+    def _emit_admitted(self, req: Req) -> None:
+        """Trace: a request native admission took: the depth it resumes from (its ready prefix,
+        the part of it a cache hit), its extend and where it publishes its state as planned
+        now (a consumer's fork may still move it: the consumer's `parked` event)."""
+        extend = req.extend_end - req.prefix_len
+        self._emit({"event": "admitted", "round": self.round, "rid": req.rid,
+                    "prefix": req.prefix_len, "hit": cache_hit(req), "extend": extend,
+                    "publish": self.grid.planned_depth(req.prefix_len, extend,
+                                                       req.mamba_branching_seqlen)})
 
     def _emit(self, record: dict) -> None:
         if self._trace is not None:
