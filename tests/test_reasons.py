@@ -72,3 +72,18 @@ def test_cost_aware_verdicts_name_their_rule(make_kit, tmp_path):
     for e in decide:  # NOTE: the verdict's outcome matches its rule's action
         rule = next(r for r in RULEBOOK if r.reason == e["reason"])
         assert e["wait"] == (rule.action is Action.PARK)
+
+
+def test_design_doc_lists_the_rulebook_in_order():
+    """docs/design.md's rulebook table: the same rules, names, actions and order as the code,
+    before any other section."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    sections = [line for line in doc.splitlines() if line.startswith("## ")]
+    assert sections[0].startswith("## The rulebook")
+    page = doc.split("## The rulebook", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in page.splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    got = [(c[1].strip(), c[2].strip().strip("`"), c[3].strip()) for c in rows]
+    assert got == [(r.point, r.reason.value, r.action.value) for r in RULEBOOK]
