@@ -43,13 +43,8 @@ import random
 from dataclasses import dataclass, fields
 from typing import Any
 
-from eval.workload import (
-    SYNTHETIC_ID_RANGE,
-    Branch,
-    Question,
-    Segment,
-    _model_key,
-)
+from eval.requests import SYNTHETIC_ID_RANGE, Branch, Question, Segment
+from eval.requests import model_key as _model_key
 from radixflow_sglang import models
 
 WORKLOADS = ("gsp", "gsp-paced", "nsample", "multiturn", "noshare")

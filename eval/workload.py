@@ -28,6 +28,13 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eval.requests import (  # noqa: F401  (the workload's types, re-exported)
+    SYNTHETIC_ID_RANGE,
+    Branch,
+    Question,
+    Segment,
+)
+from eval.requests import model_key as _model_key
 from radixflow_sglang import models
 
 if TYPE_CHECKING:
@@ -87,13 +94,6 @@ def _encoding(vocab: str) -> tiktoken.Encoding:
     from radixflow_sglang import tokenizer
 
     return tokenizer.tiktoken_encoding(tokenizer.SPECS[vocab])
-
-
-def _model_key(model: str) -> str:
-    key = model.rsplit("/", 1)[-1].lower()
-    if key not in models.CATALOG:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(models.names())}")
-    return key
 
 
 @cache
@@ -305,51 +305,6 @@ def _hf_rows(name: str, config: str, split: str) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Branch:
-    """One generation request: input ids, a request id and the prefix-cache namespace.
-
-    The paper's branches generate one token. Other traffic (eval/traffic.py) sets
-    `max_new_tokens` (0: a prefix-warm request, as SGLang's `n > 1` path sends first) and may
-    script the generated ids in `output` (a multi-turn conversation's next prompt contains
-    them, so the cache can hit them); `boundary` declares where the shared prefix ends.
-    """
-
-    rid: str
-    input_ids: list[int]
-    namespace: str
-    option: int  # index of the candidate answer (0..3 = A..D); the request's index otherwise
-    max_new_tokens: int = 1
-    output: tuple[int, ...] = ()  # scripted generated ids (len == max_new_tokens) or () = any
-    boundary: int | None = None  # declared end of the shared prefix (tokens), if any
-
-
-@dataclass(frozen=True)
-class Question:
-    """Branches (four for the paper's workload) that arrive together at `arrival_s` (seconds
-    from the segment start). With `after` set they arrive `arrival_s` seconds after question
-    `after` (same segment, earlier in send order) has completed: a closed loop (the next turn of
-    a conversation, the siblings after a warm request)."""
-
-    qid: str
-    doc_id: str
-    branches: tuple[Branch, ...]
-    prefix_len: int  # tokens shared by all four branches (document + question)
-    doc_len: int  # tokens of the document piece, shared by every question of the document
-    answer: int | None = None
-    arrival_s: float = 0.0
-    ref: str = ""
-    after: str | None = None  # qid whose completion releases this question
-
-    @property
-    def namespace(self) -> str:
-        return self.branches[0].namespace
-
-    @property
-    def input_lens(self) -> tuple[int, ...]:
-        return tuple(len(b.input_ids) for b in self.branches)
-
-
 def _assemble(
     rec_ids: tuple[str, str, str, int | None],
     doc: list[int],
@@ -403,7 +358,6 @@ _PROFILES = {
     "race": _Profile(doc_len=(180, 450), questions_per_doc=(3, 5)),
     "quality": _Profile(doc_len=(3_000, 7_000), questions_per_doc=(8, 18)),
 }
-SYNTHETIC_ID_RANGE = (1_000, 100_000)  # ordinary tokens in every supported vocabulary
 
 
 def synthetic(
@@ -543,25 +497,6 @@ def offered_trace(
 # --------------------------------------------------------------------------------------------
 # Whole workloads
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One regime x order run: questions in send order, with arrival times."""
-
-    regime: str
-    order: str
-    questions: tuple[Question, ...]
-
-    @property
-    def name(self) -> str:
-        return f"{self.regime}-{self.order}"
-
-    def __iter__(self) -> Iterator[Question]:
-        return iter(self.questions)
-
-    def __len__(self) -> int:
-        return len(self.questions)
 
 
 def _first(records: list[Record], n: int | None, what: str, seed: int = 0) -> list[Record]:

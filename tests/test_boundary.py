@@ -28,31 +28,19 @@ from radixflow_sglang.core.boundary import (
     wants,
 )
 from radixflow_sglang.core.grid import Grid, Layout
+from radixflow_sglang.testing.fixtures import boundary_kit, doc_questions, model_grid
 
 LAYOUTS = ("extra_buffer", "no_buffer")
 MODEL = "qwen3.5-4b"
 
 
 def grid_of(model: str = MODEL) -> int:
-    from radixflow_sglang.geometry import load_geometry
-
-    return load_geometry(model).grid
+    return model_grid(model)
 
 
 def make(policy: str = "radixflow", boundaries: str = "declared", layout: str = "extra_buffer",
          **publisher):
-    """A kit; `publisher` replaces the runtime's BoundaryPublisher settings (keep_end, rule)."""
-    from radixflow_sglang.adapter.boundary import BoundaryPublisher
-    from radixflow_sglang.adapter.runtime import RadixFlowConfig
-    from radixflow_sglang.testing.kit import Kit, KitConfig
-
-    cfg = None if policy == "stock" else RadixFlowConfig(policy=policy, boundaries=boundaries)
-    kit = Kit(KitConfig(model=MODEL, layout=layout), policy=policy, radixflow_config=cfg)
-    if publisher:
-        rt = kit.runtime
-        rt.boundary = BoundaryPublisher(boundaries, rt.grid, cost=lambda: rt.cost.coeffs,
-                                        **publisher)
-    return kit
+    return boundary_kit(policy, boundaries, layout, MODEL, **publisher)
 
 
 def run_one(kit, rid: str, ids, **req) -> tuple[int, int]:
@@ -572,32 +560,6 @@ def test_place_moves_to_the_document_end_only_when_it_serves_more():
     # continuations of the end outweigh a rarely reused marker: keep the end
     assert place(0, 640, [(64, 0.2), (640, 1.0)]) is None
     assert place(0, None, [(64, 1.0)]) is None
-
-
-def doc_questions(kit, docs: int, per_doc: int, seed: int = 0):
-    """RACE-shaped: `per_doc` questions of 4 branches per document (documents of 3-11 grid
-    units: no learned depth fits two of them), each question drained before the next; template
-    tokens fixed (a document ends "\n\n", a question starts "Question:"). (document, question,
-    document length, the least ready prefix of its branches, tokens scheduled)."""
-    G = grid_of()
-    rng = random.Random(seed)
-
-    def rand(n: int) -> list[int]:
-        return [rng.randrange(1000, 200_000) for _ in range(n)]
-
-    out = []
-    for d in range(docs):
-        doc = [5, 6] + rand((3 + 2 * d) * G + rng.randrange(G)) + [11, 12]
-        for q in range(per_doc):
-            question = [21, 22] + rand(G // 2 + rng.randrange(G // 2)) + [31, 32]
-            rids = [f"d{d}q{q}{k}" for k in "ABCD"]
-            for k, rid in enumerate(rids):
-                kit.submit(kit.req(rid, doc + question + rand(6 + k) + [41, 42, 43], "ns"))
-            rounds = kit.drain()
-            ready = min(next(r.prefix[x] for r in rounds if x in r.prefix) for x in rids)
-            tokens = sum(r.extend.get(x, 0) for r in rounds for x in rids)
-            out.append((d, q, len(doc), ready, tokens))
-    return out
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

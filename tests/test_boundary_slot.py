@@ -14,7 +14,8 @@ import pytest
 
 from radixflow_sglang.core.boundary import UsageRate, consumers, defer_wins
 from radixflow_sglang.core.cost import CostCoeffs
-from tests.test_boundary import grid_of, make
+from radixflow_sglang.testing.fixtures import boundary_kit as make
+from radixflow_sglang.testing.fixtures import model_grid as grid_of
 
 SYSTEM_UNITS = 4  # system prompt: 4 grid units + 10
 # NOTE: tokens dear (0.1 ms each, 1 ms a round): a short prompt's recompute outweighs a round,

@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from tests.test_traversal import NO_LEAK, coverage_errors, toks
+from radixflow_sglang.testing.fixtures import NO_LEAK, coverage_errors, toks
 
 DOC = toks(1000, 2000)  # the shared prefix
 BUDGET = 2048  # tokens per round: a 1,500-token filler leaves the producer a short first chunk

@@ -1088,7 +1088,8 @@ def test_kit_no_buffer_learned_cut_follows_the_measured_round(alpha_s, beta, cut
     not made (its question would finish a round later to save ~1 ms of recompute); with the
     4B's tokens at 8 ms it is (the document end then serves the second question). Fails
     without the gate: both arms cut."""
-    from tests.test_boundary import doc_questions, make
+    from radixflow_sglang.testing.fixtures import boundary_kit as make
+    from radixflow_sglang.testing.fixtures import doc_questions
 
     kit = make("radixflow", "learned", "no_buffer")
     est = kit.runtime.cost

@@ -212,7 +212,7 @@ def test_a_producer_reuses_the_chain_hashed_while_it_waited() -> None:
 
 
 def _rounds(coef: HostCoef, x: list[tuple[int, int]], repeats: int = 3, seed: int = 0):
-    from eval.hostcost import Rounds
+    from eval.hostfit import Rounds
 
     rng = Random(seed)
     cpu = [[coef(v, n) * (1 + rng.uniform(-0.05, 0.05)) for v, n in x] for _ in range(repeats)]
@@ -223,7 +223,7 @@ X = [(v, n) for v in (1, 2, 3, 5, 8, 13, 21, 34) for n in (1, 2, 4) if n <= v]
 
 
 def test_the_fit_recovers_coefficients_and_ignores_a_stall() -> None:
-    from eval.hostcost import fit_rounds
+    from eval.hostfit import fit_rounds
 
     true = HostCoef(1.5e-3, 1e-4, 3e-4)
     stock = _rounds(true, X)
@@ -240,7 +240,7 @@ def test_the_fit_recovers_coefficients_and_ignores_a_stall() -> None:
 def test_the_traversal_is_never_fitted_cheaper_than_stock() -> None:
     """Traversal rounds measured cheaper than stock's model (noise, a lighter machine moment):
     its coefficients stay stock's, not below (the old fit's negative intercept)."""
-    from eval.hostcost import fit_rounds
+    from eval.hostfit import fit_rounds
 
     stock = _rounds(HostCoef(1.5e-3, 1e-4, 3e-4), X)
     trav = _rounds(HostCoef(0.2e-3, 1e-4, 2e-4), X, seed=1)
@@ -271,7 +271,7 @@ def test_the_probe_match_runs_only_when_a_ready_prefix_could_block(make_kit, sha
 def test_the_fit_charges_probes_apart_from_plain_visits() -> None:
     """The traversal's probe match is its own term: rounds whose visits ran no probe (the
     cost-aware rule recomputed them unprobed) are not charged it (issue 11)."""
-    from eval.hostcost import Rounds, fit_rounds
+    from eval.hostfit import Rounds, fit_rounds
 
     stock = _rounds(HostCoef(1.5e-3, 1e-4, 3e-4), X)
     xp = [(v, n, p) for v, n in X for p in (0, n, v) if p <= v]

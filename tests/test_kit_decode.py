@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
-from sglang.srt.mem_cache.common import release_kv_cache
+
+from radixflow_sglang.testing.fixtures import old_step
 
 NO_LEAK = {"kv": 0, "rows": 0, "mamba": 0}
 
@@ -147,30 +148,6 @@ def test_retraction_under_a_tiny_kv_pool(make_kit, model, layout, overlap):
 
 
 # --- the paper's one-token workload: the rounds the kit gave before decode -------------------
-
-
-def old_step(k) -> object | None:
-    """The kit's step before decode (commit 15a7bb3): scan, launch, and complete every request
-    after its one token (no running batch)."""
-    s = k.sched
-    batch = k.scan()
-    rnd = k._record(batch) if batch is not None else None
-    if batch is not None:
-        s.result_queue.append((batch, None))
-    if s.result_queue and (not k.cfg.overlap or batch is None or len(s.result_queue) > 1):
-        for req in s.result_queue.popleft()[0].reqs:
-            if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
-                continue
-            if req.inflight_middle_chunks > 0:
-                req.inflight_middle_chunks -= 1
-                continue
-            req.output_ids.append(7)
-            req.update_finish_state()
-            release_kv_cache(req, k.pools.cache, checkpoint=True)
-            k._completed(req)  # finished, forgotten, on_complete (as the old kit did)
-        if s.chunked_req is not None and s.chunked_req.finished():
-            s.chunked_req = None
-    return rnd
 
 
 def one_token_workload(seed: int) -> list[tuple[int, list[tuple[str, list[int]]]]]:

@@ -113,7 +113,7 @@ def test_the_fit_charges_quiet_scans_apart() -> None:
     """Quiet rounds fitted on their own: their excess over stock is not the traversal's."""
     from random import Random
 
-    from eval.hostcost import Rounds, fit_rounds
+    from eval.hostfit import Rounds, fit_rounds
 
     rng = Random(4)
     x = [(v, n, 0) for v in (1, 2, 3, 5, 8, 13) for n in (1, 2, 4) if n <= v]

@@ -147,7 +147,8 @@ def test_kit_a_lone_questions_learned_cut_is_not_made(guard):
     question alone in the server: the cut would end it a round later, and nothing older
     finishes with its round. With the guard no marker cut is made."""
     from radixflow_sglang.core.cost import CostCoeffs
-    from tests.test_boundary import doc_questions, make
+    from radixflow_sglang.testing.fixtures import boundary_kit as make
+    from radixflow_sglang.testing.fixtures import doc_questions
 
     kit = make("radixflow", "learned", "no_buffer")
     est = kit.runtime.cost

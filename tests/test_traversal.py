@@ -12,6 +12,8 @@ import random
 
 import pytest
 
+from radixflow_sglang.testing.fixtures import NO_LEAK, coverage_errors, toks
+
 DOC = list(range(1000, 3000))  # 2,000 shared tokens
 CASES = [
     pytest.param("qwen3.5-4b", "extra_buffer", id="qwen3.5-4b-extra_buffer"),
@@ -30,11 +32,6 @@ PAGED = [pytest.param(*c.values, 1, id=c.id) for c in CASES] + [
                    ("qwen3-8b", "full")]
     for page in (16, 64)] + [
     pytest.param("qwen3.5-4b", "extra_buffer", 128, id="qwen3.5-4b-extra_buffer-page128")]
-NO_LEAK = {"kv": 0, "rows": 0, "mamba": 0}
-
-
-def toks(start: int, n: int) -> list[int]:
-    return list(range(start, start + n))
 
 
 def kit(make_kit, model, layout, policy, **cfg):
@@ -78,21 +75,6 @@ def round_hits(rounds) -> list[int]:
         out.append(sum(rnd.prefix[rid] - end.get(rid, 0) for rid in rnd.rids))
         end.update({rid: rnd.prefix[rid] + rnd.extend[rid] for rid in rnd.rids})
     return out
-
-
-def coverage_errors(rounds, lengths: dict[str, int]) -> list:
-    """Each request's prompt is computed exactly once: its rounds chain prefix -> prefix+extend
-    and the last one ends at its input length."""
-    end: dict[str, int] = {}
-    errors = []
-    for rnd in rounds:
-        for rid in rnd.rids:
-            if rid in end and rnd.prefix[rid] != end[rid]:
-                errors.append((rnd.index, rid, "resumes at", rnd.prefix[rid], "not", end[rid]))
-            end[rid] = rnd.prefix[rid] + rnd.extend[rid]
-    errors += [(rid, "ends at", end.get(rid), "of", n) for rid, n in lengths.items()
-               if end.get(rid) != n]
-    return errors
 
 
 # --- Figure 1: producer, consumer, independent work ------------------------------------------

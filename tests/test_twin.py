@@ -382,9 +382,10 @@ def test_after_must_name_an_earlier_question():
 @pytest.mark.parametrize("policy", ["stock", "radixflow"])
 def test_one_token_twin_is_the_twin_before_decode(monkeypatch, overlap, policy):
     """The paper's one-token workload: the twin over the kit's pre-decode step (no running
-    batch; tests/test_kit_decode.py `old_step`) gives the same rounds and latencies."""
+    batch; radixflow_sglang/testing/fixtures.py `old_step`) gives the same rounds and
+    latencies."""
+    from radixflow_sglang.testing.fixtures import old_step
     from radixflow_sglang.testing.kit import Kit
-    from tests.test_kit_decode import old_step
 
     segs = twin.probe_segments(seed=2)
     new = twin.replay(segs, MODEL, policy, overlap=overlap)

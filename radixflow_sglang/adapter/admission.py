@@ -22,7 +22,10 @@ from radixflow_sglang.core.admission import (
     local_agreement,
 )
 from radixflow_sglang.core.cost import CostCoeffs
+from radixflow_sglang.core.reasons import Reason
 from radixflow_sglang.core.stats import RequestStats
+
+from .reqs import req_len, round_budget
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -78,12 +81,12 @@ class AdmissionHold:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
         demand = self._demand(sched, running_batch, queue, fresh, now)
         decision = self.gate.decide(demand, now)
-        if decision.reason == "deadline" and self.gate.mode == "timer":
+        if decision.reason == Reason.DEADLINE and self.gate.mode == "timer":
             # NOTE: a timer releases each request at its own deadline, nothing earlier.
             cutoff = now - self.gate.deadline_s
             due = sum(1 for r in fresh if self.requests[r.rid].registered <= cutoff)
-            decision = Decision(False, "deadline", due)
-        if decision.reason in ("deadline", "cost") or decision.hold:
+            decision = Decision(False, Reason.DEADLINE, due)
+        if decision.reason in (Reason.DEADLINE, Reason.COST) or decision.hold:
             # NOTE: the only clock-dependent outcomes (deadline; cost reads the arrival rate).
             # Whether this is reached follows only from rank-identical rules (rows, busy,
             # tokens), so every rank of the group calls the broadcast, or none does.
@@ -119,8 +122,6 @@ class AdmissionHold:
         busy = (not running_batch.is_empty() or sched.chunked_req is not None
                 or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
         rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
-        from .runtime import req_len, round_budget  # NOTE: runtime imports this module
-
         budget = round_budget(sched)
         residual = sum(req_len(r) for r in queue)
         if residual >= budget and not busy:  # NOTE: match only when the bound alone can't decide

@@ -15,8 +15,11 @@ import torch
 import torch.distributed as dist
 
 from radixflow_sglang.core.admission import Agreement, Decision, local_agreement
+from radixflow_sglang.core.reasons import Reason
 
-REASONS = ("hold", "deadline", "busy", "rows", "tokens", "none", "cost")
+# NOTE: the broadcast's codes; the order is the wire format, fixed
+REASONS = (Reason.HOLD, Reason.DEADLINE, Reason.BUSY, Reason.ROWS, Reason.TOKENS, Reason.NONE,
+           Reason.COST)
 
 
 def group_agreement(group) -> Agreement:

@@ -45,6 +45,7 @@ from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.producers import as_tokens
 
 from . import check_sglang_version
+from .reqs import budget_left, compute_charge, namespace, req_len, req_tokens
 
 check_sglang_version()
 
@@ -256,8 +257,6 @@ class BoundaryPublisher:
         is known demand the traversal publishes for; a depth learned from other paths is a
         guess and must not take the one state from it (a 2,000-token document's siblings
         found only the 1,152 learned from shorter documents and recomputed the rest)."""
-        from .runtime import req_tokens
-
         tokens = req_tokens(req)
         d = depth + self.grid.size
         if d >= len(tokens):
@@ -272,8 +271,6 @@ class BoundaryPublisher:
         deepest depth they can match, length - 1 (its grid floor), instead of the prompt's end
         (core/boundary.py `BoundaryLearner.repeat_wins`). no_buffer cuts there (the rest, one
         token, publishes the end next round); extra_buffer moves its one tracked state."""
-        from .runtime import req_tokens
-
         n = len(req_tokens(req))
         if prefix + extend != n:
             return None  # NOTE: a chunk that does not reach the end: nothing to move
@@ -299,8 +296,6 @@ class BoundaryPublisher:
         candidates too (default: extra_buffer only)."""
         if native is None:
             return None
-        from .runtime import req_tokens
-
         tokens = req_tokens(req)
         # NOTE: template pieces are guesses: extra_buffer moves its one state for free, a
         # no_buffer cut costs the request a round (docs/design.md, "A guess never costs a round")
@@ -327,8 +322,6 @@ class BoundaryPublisher:
 
     def _sibling_depths(self, req: Req, tokens, ns, low: int) -> list[int]:
         """Common prefix with each queued request (not selected) that shares `low` tokens."""
-        from .runtime import namespace, req_tokens
-
         out = []
         head = tokens[:low]
         for r in self._queue:
@@ -347,8 +340,6 @@ class BoundaryPublisher:
     def _mark(self, req: Req, tokens, ns, depth: int, key: tuple, marker) -> None:
         """Watch a state published after `marker`: used when a later request (not a sibling
         queued now) resumes from it."""
-        from .runtime import req_tokens
-
         sibs = frozenset(r.rid for r in self._queue if r is not req
                          and req_tokens(r)[:depth] == tokens[:depth])
         marker.usage.published(key, depth)
@@ -415,8 +406,6 @@ class BoundaryPublisher:
         g = self._groups.get(depth)
         if g is None:
             g = {}
-            from .runtime import namespace, req_tokens
-
             for r in self._queue:
                 toks = req_tokens(r)
                 if len(toks) > depth and r.prefix_len < depth:
@@ -485,8 +474,6 @@ class BoundaryPublisher:
         c = self.cost() if self.cost is not None else None
         if c is None or not measured(c):
             return True  # NOTE: the prior's alpha is an assumption: gate on measured rounds
-        from .runtime import budget_left, req_len
-
         picked = {r.rid for r in adder.can_run_list}
         rest = [r for r in self._queue if r.rid not in picked and r is not req]
         left = budget_left(adder)
@@ -531,15 +518,13 @@ def cut_chunk(req: Req, depth: int, adder: PrefillAdder) -> None:
     """End `req`'s extend at `depth` as SGLang's one chunked request, returning the compute
     budget the cut frees: a boundary's cut, and a no_buffer fork's (adapter/runtime.py
     `_apply_fork`)."""
-    from .runtime import _compute_charge
-
     assert depth % adder.page_size == 0 and req.prefix_len < depth < req.extend_end
     old = req.extend_end - req.prefix_len
     cut = req.extend_end - depth
     req.extend_end = depth
     adder.new_chunked_req = req
     # NOTE: KV stays reserved for the whole request: conservative, never short.
-    refund = _compute_charge(adder, old) - _compute_charge(adder, depth - req.prefix_len)
+    refund = compute_charge(adder, old) - compute_charge(adder, depth - req.prefix_len)
     adder.rem_input_tokens += refund
     if adder.rem_chunk_tokens is not None:
         adder.rem_chunk_tokens += refund

@@ -41,6 +41,8 @@ class RadixFlowMetrics:
         self.newcomers = Counter("radixflow_newcomer_deferred", "Requests kept out of a "
                                  "released consumer's round (cost rule)", names)
         self.newcomers.labels(**self.labels)  # NOTE: exported from the start, like quiet
+        self.decisions = Counter("radixflow_decisions", "Visit and defer decisions by the rule "
+                                 "that made them (core/reasons.py)", [*names, "reason"])
         self.forward = Histogram("radixflow_forward_seconds", "Measured prefill forward time",
                                  names, buckets=FORWARD_BUCKETS)
         self.fit = Gauge("radixflow_round_cost", "Round-cost fit: c = alpha + beta * tokens + "
@@ -66,6 +68,11 @@ class RadixFlowMetrics:
             self.quiet.labels(**lab).inc()
         if s.newcomer_deferred:
             self.newcomers.labels(**lab).inc(s.newcomer_deferred)
+
+    def on_reasons(self, counts) -> None:
+        """One round's decisions by reason (a Counter of core/reasons.py Reason)."""
+        for reason, n in counts.items():
+            self.decisions.labels(**self.labels, reason=str(reason)).inc(n)
 
     def on_forward(self, seconds: float, fit: CostCoeffs) -> None:
         lab = self.labels

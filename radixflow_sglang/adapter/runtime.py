@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -22,12 +23,14 @@ from radixflow_sglang.core.cost import (
     CostCoeffs,
     RoundCostEstimator,
     RoundView,
+    Verdict,
     never_waits,
     newcomer_waits,
 )
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.producers import Producer
+from radixflow_sglang.core.reasons import RULEBOOK, Action, Reason
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
@@ -35,6 +38,18 @@ from . import check_sglang_version, slot
 from .admission import AdmissionHold, Sleep
 from .agreement import local_share
 from .boundary import BoundaryPublisher, cut_chunk
+from .reqs import (
+    budget_left,
+    cache_hit,
+    chunk_cut,
+    last_token,
+    namespace,
+    release_parked,
+    req_len,
+    req_tokens,
+    running,
+)
+from .scanview import ScanView
 
 check_sglang_version()
 
@@ -44,45 +59,6 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
-
-
-def namespace(req: Req) -> tuple:
-    # NOTE: the radix key's fields (mem_cache/common.py::_req_radix_key) plus the LoRA adapter.
-    return (req.extra_key, req.cache_salt, req.lora_id)
-
-
-def req_tokens(req: Req):
-    return req.origin_input_ids + req.output_ids if req.output_ids else req.origin_input_ids
-
-
-def req_len(req: Req) -> int:
-    """len(req_tokens(req)) without building the list."""
-    return len(req.origin_input_ids) + len(req.output_ids)
-
-
-def running(sched: Scheduler) -> int:
-    """Requests in the running (decode) batch."""
-    return len(sched.running_batch.reqs) if sched.running_batch is not None else 0
-
-
-def round_budget(sched: Scheduler) -> int:
-    """A prefill round's token budget T: max_prefill_tokens, capped by the chunk size if set."""
-    budget, chunk = sched.max_prefill_tokens, sched.chunked_prefill_size
-    return min(budget, chunk) if chunk and chunk > 0 else budget
-
-
-def budget_left(adder: PrefillAdder) -> int:
-    """Prefill tokens this round can still take: the input budget, and the chunk's if set."""
-    left = adder.rem_input_tokens
-    return left if adder.rem_chunk_tokens is None else min(left, adder.rem_chunk_tokens)
-
-
-def cache_hit(req: Req) -> int:
-    """Tokens of this extend's ready prefix the request did not compute itself: SGLang's own
-    cached-token increment (schedule_batch.py `prepare_for_extend`: prefix_len -
-    already_computed), read before it runs. A continued chunk's earlier chunks are its own
-    work, not a hit."""
-    return max(req.prefix_len - req.already_computed, 0)
 
 
 def cache_grid(sched: Scheduler) -> Grid:
@@ -117,7 +93,7 @@ class RadixFlowRuntime:
         self.arrival_rate = 0.0  # rank 0's, agreed with each prefill forward (the wait rule)
         self.agreed_now = 0.0  # rank 0's clock at the last prefill forward (request stamps)
         self._queued: set[str] = set()
-        self._scan: _ScanView | None = None
+        self._scan: ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
         self.boundary = BoundaryPublisher(cfg.boundaries if reuse else "off", grid,
@@ -145,6 +121,11 @@ class RadixFlowRuntime:
         self.quiet_visits = 0  # visits that skipped the traversal: nothing could be Blocked
         self._quiet = False  # this scan: no candidate can wait, hooks off (`_quiet_scan`)
         self._held_since_round = 0
+        # NOTE: decisions by reason (core/reasons.py): all time (/server_info) and this scan's
+        # (Prometheus, counted once per round like the other series)
+        self.reasons: Counter[Reason] = Counter()
+        self._round_reasons: Counter[Reason] = Counter()
+        self._parked_on: Blocking | None = None
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
     @classmethod
@@ -251,27 +232,44 @@ class RadixFlowRuntime:
             self.traversal.admitted(self._producer(req, movable=movable))
 
     def park(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        """The VISIT decision point (core/reasons.py): True keeps `req` out of this round
+        (held or parked); False hands it to native handling. Counted and traced by reason."""
+        action, why = self._visit(sched, req, adder)
+        self._decided("park", req.rid, action, why)
+        if action is Action.PARK and self._trace is not None:
+            b = self._parked_on
+            self._emit({"event": "parked", "round": self.round, "rid": req.rid,
+                        "producer": b.producer, "depth": b.depth, "ready": b.ready,
+                        "fork": b.fork, "reason": why})
+        return action is not Action.NATIVE
+
+    def _visit(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
+        """The VISIT rules, in the rulebook's order; the first that fires decides."""
         self._register(req)
         if self.gate is not None and not self.requests[req.rid].eligible:
             self.stats.held += 1  # held by the timer while eligible work runs: not visited
-            return True
+            return Action.HOLD, Reason.HELD
         self.stats.visited += 1
         t = self.traversal
-        if t is None or self._quiet or getattr(req, "session", None) is not None:
-            return False
+        if t is None:
+            return Action.NATIVE, Reason.NO_TRAVERSAL
+        if self._quiet:
+            return Action.NATIVE, Reason.QUIET_SCAN
+        if getattr(req, "session", None) is not None:
+            return Action.NATIVE, Reason.SESSION
         if t.quiet():
             # NOTE: no producer indexed (none in flight, none admitted yet this scan): nothing
             # can be Blocked; a request parked last round is rechecked and goes native
             self.quiet_visits += 1
             t.waits.release(req.rid)
             self._independent = req.rid
-            return False
+            return Action.NATIVE, Reason.NO_PRODUCER
         tokens, ns = req_tokens(req), namespace(req)
         hits = t.may_block(req.rid, ns, tokens)
         if not hits:
             t.waits.release(req.rid)  # rechecked: no live producer, native handling
             self._independent = req.rid  # NOTE: `_newcomer_defers` reads it next
-            return False
+            return Action.NATIVE, Reason.NO_SHARER
         if adder.new_chunked_req is not None and self._fork_chunk is None:
             t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
         sibs: dict[int, int] = {}
@@ -281,12 +279,12 @@ class RadixFlowRuntime:
                 # NOTE: not Blocked even with nothing ready (a larger ready prefix only shrinks
                 # the gain): skip the probe match, native handling matches once, as stock does
                 t.waits.release(req.rid)
-                return False
+                return Action.NATIVE, Reason.NOT_BLOCKED
             if self.spec.cost_aware and self._recomputes_unprobed(sched, req, adder, c0, hits,
                                                                   sibs):
                 t.waits.release(req.rid)  # recomputing wins even at the largest gain
                 self.stats.recomputed += 1
-                return False
+                return Action.NATIVE, Reason.RECOMPUTE_UNPROBED
         # NOTE: probe the ready prefix without copy-on-write; admission re-matches natively.
         self.stats.probed += 1
         req.init_next_round_input(sched.tree_cache, cow_mamba=False)
@@ -295,34 +293,53 @@ class RadixFlowRuntime:
         b = t.classify(cand, hits)
         if b is None:
             t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
-            return False
+            return Action.NATIVE, Reason.NOT_BLOCKED
+        why = Reason.ALWAYS_WAIT
         if self.spec.cost_aware:
-            self._scan = self._scan or _ScanView.of(sched)
-            first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
-            sib = self._siblings(req, tokens, t.group_depth(b), sibs) if first else 0
-            view = self._view(req, adder, sib, b.producer)
-            if first:  # NOTE: no_buffer: a fork cut takes SGLang's one chunk slot
-                view = slot.priced(self, self._scan, sched, req, b, view)
-            verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
-            b = t.placed(cand, b)
-            if self._trace is not None:
-                self._emit({"event": "decide", "round": self.round, "rid": req.rid,
-                            "producer": b.producer, "ready": b.ready, "depth": b.depth,
-                            "length": len(tokens), "fork": b.fork, "wait": verdict.wait,
-                            "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
-                            "tail": verdict.tail,
-                            "view": view.__dict__, "probed": True})
+            verdict, b = self._decide(sched, req, adder, cand, b, sibs)
+            why = verdict.reason
             if not verdict.wait:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
                 self.stats.recomputed += 1
-                return False
+                return Action.NATIVE, why
             self._scan.parked(len(tokens) - b.depth)
         if not t.park(cand, b):
-            return False
+            return Action.NATIVE, Reason.BOUND_SPENT
         release_parked(sched, req)
         self._apply_fork(b, adder)
         self.requests[req.rid].rounds_parked += 1
-        return True
+        self._parked_on = b  # NOTE: the trace's detail of this park (`park`)
+        return Action.PARK, why
+
+    def _decide(self, sched: Scheduler, req: Req, adder: PrefillAdder, cand: Candidate,
+                b: Blocking, sibs: dict[int, int]) -> tuple[Verdict, Blocking]:
+        """The cost-aware wait rule for a probed Blocked `cand` (core/traversal.py `decide`):
+        its verdict and the Blocking it would park with."""
+        t = self.traversal
+        self._scan = self._scan or ScanView.of(sched)
+        first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
+        sib = self._siblings(req, cand.tokens, t.group_depth(b), sibs) if first else 0
+        view = self._view(req, adder, sib, b.producer)
+        if first:  # NOTE: no_buffer: a fork cut takes SGLang's one chunk slot
+            view = slot.priced(self, self._scan, sched, req, b, view)
+        verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
+        b = t.placed(cand, b)
+        if self._trace is not None:
+            self._emit({"event": "decide", "round": self.round, "rid": req.rid,
+                        "producer": b.producer, "ready": b.ready, "depth": b.depth,
+                        "length": len(cand.tokens), "fork": b.fork, "wait": verdict.wait,
+                        "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
+                        "tail": verdict.tail,
+                        "view": view.__dict__, "probed": True, "reason": verdict.reason})
+        return verdict, b
+
+    def _decided(self, point: str, rid: str, action: Action, why: Reason) -> None:
+        """Count one decision by its reason (/server_info, Prometheus) and trace it."""
+        self.reasons[why] += 1
+        self._round_reasons[why] += 1
+        if self._trace is not None:
+            self._emit({"event": point, "round": self.round, "rid": rid, "action": action,
+                        "reason": why})
 
     def _recomputes_unprobed(self, sched: Scheduler, req: Req, adder: PrefillAdder,
                              c0: Candidate, hits: list, sibs: dict[int, int]) -> bool:
@@ -333,7 +350,7 @@ class RadixFlowRuntime:
         bs = t.blockings(c0, hits)
         if not bs:
             return False
-        self._scan = self._scan or _ScanView.of(sched)
+        self._scan = self._scan or ScanView.of(sched)
         ok = t.recomputes_unprobed(
             c0, bs, lambda b: self._view(req, adder, self._siblings(
                 req, c0.tokens, t.group_depth(b), sibs), b.producer), self.cost.decision_coeffs)
@@ -341,7 +358,7 @@ class RadixFlowRuntime:
             self._emit({"event": "decide", "round": self.round, "rid": req.rid,
                         "producer": bs[0].producer, "ready": None, "depth": bs[0].depth,
                         "length": len(c0.tokens), "fork": bs[0].fork, "wait": False,
-                        "probed": False})
+                        "probed": False, "reason": Reason.RECOMPUTE_UNPROBED})
         return ok
 
     def _siblings(self, req: Req, tokens, depth: int, memo: dict[int, int]) -> int:
@@ -364,10 +381,10 @@ class RadixFlowRuntime:
         not this round's (core/cost.py `raises_tail`)."""
         if self._continuing is None:
             b = self._sched.running_batch
-            self._continuing = b is not None and any(not _last_token(r) for r in b.reqs)
+            self._continuing = b is not None and any(not last_token(r) for r in b.reqs)
         if self._continuing:
             return math.inf
-        self._scan = self._scan or _ScanView.of(self._sched)
+        self._scan = self._scan or ScanView.of(self._sched)
         if self._scan.passed_over(req, adder.can_run_list):
             return math.inf
         rs = self.requests.get(req.rid)
@@ -394,11 +411,13 @@ class RadixFlowRuntime:
         if rs is not None and rs.first_selected is None:
             rs.first_selected, rs.first_selected_round = self.clock(), self.round
         self._released += rs is not None and rs.rounds_parked > 0
-        finishing = req is not adder.new_chunked_req and _last_token(req)
+        finishing = req is not adder.new_chunked_req and last_token(req)
         self._finishing += finishing
         if finishing and rs is not None:
             self._oldest = rs.stamp if self._oldest is None else min(self._oldest, rs.stamp)
         self._publish_boundary(sched, req, adder)
+        if self._trace is not None:
+            self._emit_admitted(req)
         if self.traversal is not None and not self._quiet:
             self._scan_reqs[req.rid] = req
             self.traversal.admitted(self._producer(req, movable=True))
@@ -433,6 +452,9 @@ class RadixFlowRuntime:
                     self._emit({"event": "selected", **rs.__dict__})
         if self.metrics is not None:
             self.metrics.on_round(s, parked, s.held)
+            if self._round_reasons and hasattr(self.metrics, "on_reasons"):
+                self.metrics.on_reasons(self._round_reasons)
+        self._round_reasons = Counter()
         if (s.rows or s.blocked) and self._trace is not None:  # NOTE: as_dict is not free
             self._emit({"event": "round", **s.as_dict()})
 
@@ -498,7 +520,14 @@ class RadixFlowRuntime:
             "overtakes": self.overtakes,
             "wait_set": len(self.traversal.waits) if self.traversal is not None else 0,
             "boundaries": self.boundary.summary(),
+            "reasons": self.reason_counts(),
         }
+
+    def reason_counts(self) -> dict[str, int]:
+        """Visit and defer decisions made so far by reason, in the rulebook's order (their sum
+        is the number of decisions: one per `park` and one per `defer` call)."""
+        return {r.reason.value: self.reasons[r.reason] for r in RULEBOOK
+                if self.reasons[r.reason]}
 
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
     def hold(self, sched: Scheduler, running_batch) -> bool:
@@ -506,36 +535,41 @@ class RadixFlowRuntime:
         return self.admission is not None and self.admission.hold(sched, running_batch)
 
     def defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
-        """Skip a request this round, before it consumes anything, when admitting it would cut
-        it into a chunk: while a fork-cut producer holds SGLang's one chunk slot (the cut
-        would displace it), or, under +Frag, when the residual chunk budget would leave a
-        fragment that publishes no state (0 < cut < G; capped per request). Fit and cut are
-        SGLang's, on pages (a cut of 0 is native's OTHER, not a fragment). First, the
-        cost-aware rule's newcomer deferral (`_newcomer_defers`)."""
-        if self._newcomer_defers(sched, req, adder):
+        """The DEFER decision point (core/reasons.py): skip a request this round, before it
+        consumes anything, when admitting it would cut it into a chunk: while a fork-cut
+        producer holds SGLang's one chunk slot (the cut would displace it), or, under +Frag,
+        when the residual chunk budget would leave a fragment that publishes no state
+        (0 < cut < G; capped per request). Fit and cut are SGLang's, on pages (a cut of 0 is
+        native's OTHER, not a fragment). First, the cost-aware rule's newcomer deferral
+        (`_newcomer_defers`). Counted and traced by reason."""
+        action, why = self._defer(sched, req, adder)
+        self._decided("defer", req.rid, action, why)
+        if action is Action.DEFER:
             release_parked(sched, req)
-            return True
+        return action is Action.DEFER
+
+    def _defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
+        """The DEFER rules, in the rulebook's order; the first that fires decides."""
+        if self._newcomer_defers(sched, req, adder):
+            return Action.DEFER, Reason.NEWCOMER
         left = adder.rem_chunk_tokens
         if left is None or not adder.can_run_list:
-            return False
+            return Action.ADMIT, Reason.NO_CUT
         if self._boundary_defer(sched, req, adder):
-            release_parked(sched, req)
-            return True
-        cut = _chunk_cut(sched, adder, req, left)
+            return Action.DEFER, Reason.BOUNDARY_SLOT
+        cut = chunk_cut(sched, adder, req, left)
         if cut is None:
-            return False
+            return Action.ADMIT, Reason.FITS
         if self._fork_chunk is not None:
-            release_parked(sched, req)
-            return True
+            return Action.DEFER, Reason.FORK_SLOT
         if not self.spec.frag or cut <= 0 or cut >= self.grid.size:
-            return False
+            return Action.ADMIT, Reason.NATIVE_CUT
         n = self.frag_deferred.get(req.rid, 0)
         if n >= self.cfg.frag_cap:
-            return False
+            return Action.ADMIT, Reason.FRAG_CAP
         self.frag_deferred[req.rid] = n + 1
         self.stats.frag_deferred += 1
-        release_parked(sched, req)
-        return True
+        return Action.DEFER, Reason.FRAGMENT
 
     def _newcomer_defers(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """Keep a request no live producer shares a prefix with out of a round that runs
@@ -557,7 +591,7 @@ class RadixFlowRuntime:
                 return False  # NOTE: one a live producer shares a prefix with is traversal's
             extend = len(req.full_untruncated_fill_ids) - req.prefix_len
             extend = min(extend, int(budget_left(adder)))
-            self._scan = self._scan or _ScanView.of(sched)
+            self._scan = self._scan or ScanView.of(sched)
             v = self._view(req, adder, 0)
             others = v.behind + v.rows - self._finishing
             taken = max(v.token_budget - v.budget_left, 0)  # NOTE: this round's tokens so far
@@ -681,124 +715,18 @@ class RadixFlowRuntime:
         return (layout is Layout.NO_BUFFER and sched.chunked_req is None
                 and adder.rem_chunk_tokens is not None)
 
+    def _emit_admitted(self, req: Req) -> None:
+        """Trace: a request native admission took: the depth it resumes from (its ready prefix,
+        the part of it a cache hit), its extend and where it publishes its state as planned
+        now (a consumer's fork may still move it: the consumer's `parked` event)."""
+        extend = req.extend_end - req.prefix_len
+        self._emit({"event": "admitted", "round": self.round, "rid": req.rid,
+                    "prefix": req.prefix_len, "hit": cache_hit(req), "extend": extend,
+                    "publish": self.grid.planned_depth(req.prefix_len, extend,
+                                                       req.mamba_branching_seqlen)})
+
     def _emit(self, record: dict) -> None:
         if self._trace is not None:
             if self.dp_rank is not None:
                 record = {"dp_rank": self.dp_rank, **record}
             self._trace.write(json.dumps(record, default=str) + "\n")
-
-
-def _last_token(req: Req) -> bool:
-    """The request's next token is its last (max_new_tokens): it finishes with this round."""
-    most = req.sampling_params.max_new_tokens
-    return most is not None and most - len(req.output_ids) <= 1
-
-
-def _compute_charge(adder: PrefillAdder, extend: int) -> int:
-    """What `PrefillAdder._update_prefill_budget` takes from the compute budgets for an extend."""
-    return extend if adder.exact_chunk_fill else adder.ceil_paged_tokens(extend)
-
-
-def _chunk_cut(sched: Scheduler, adder: PrefillAdder, req: Req, left: int) -> int | None:
-    """None when the request fits the residual chunk budget `left` whole, else the extend
-    SGLang would cut it to (schedule_policy.py `PrefillAdder._select_prefill_admission`:
-    fit on the page-ceiled extend, cut floored to the page and truncation_align_size)."""
-    extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-    if _compute_charge(adder, extend) <= left:
-        return None
-    page, align = adder.page_size, sched.truncation_align_size
-    if adder.exact_chunk_fill:
-        return left // align * align if align is not None else left
-    cut = left // page * page
-    if align is not None:
-        cut = cut // align * align
-    return (req.prefix_len + cut) // page * page - req.prefix_len
-
-
-@dataclass
-class _ScanView:
-    """Per-scan, rank-identical inputs of the cost-aware wait rule (core/cost.py RoundView):
-    the waiting queue's order and token demand, the budgets, the running decode rows."""
-
-    pos: dict[str, int]  # rid -> queue position
-    queue: list  # the waiting queue's requests, in order
-    after: list[int]  # after[i]: input tokens of queue entries i.. (upper bound of demand)
-    queued: int
-    running: int
-    mean_extend: float
-    token_budget: int
-    row_budget: int
-    parked_tokens: int = 0
-    parked_rows: int = 0
-
-    @classmethod
-    def of(cls, sched: Scheduler) -> _ScanView:
-        q = sched.waiting_queue
-        lens = [req_len(r) for r in q]
-        after = [0] * (len(lens) + 1)
-        for i in range(len(lens) - 1, -1, -1):
-            after[i] = after[i + 1] + lens[i]
-        return cls({r.rid: i for i, r in enumerate(q)}, list(q), after, len(q), running(sched),
-                   after[0] / len(q) if q else 1.0, round_budget(sched),
-                   sched.max_running_requests)
-
-    def siblings(self, req: Req, ns: tuple, tokens, depth: int, window: int = 64) -> int:
-        """Queued requests after `req` (the next `window`) in its cache namespace that share its
-        first `depth` tokens and can match past them: its sibling group (core/cost.py
-        `group_wait_wins`). NOTE: siblings arrive together, so they sit next to each other in
-        fcfs and lpm order; the window bounds the cost (one compare per entry, C speed)."""
-        i = self.pos.get(req.rid)
-        if i is None or depth <= 0:
-            return 0
-        head, last = tokens[:depth], tokens[depth - 1]
-        n = 0
-        for r in self.queue[i + 1:i + 1 + window]:
-            rt = req_tokens(r)
-            if (len(rt) > depth and rt[depth - 1] == last and namespace(r) == ns
-                    and rt[:depth] == head):
-                n += 1
-        return n
-
-    def view(self, req: Req, adder: PrefillAdder, siblings: int = 0, host_s: float = 0.0,
-             arrival_rate: float = 0.0, tied: int = 0,
-             older_by: float = math.inf) -> RoundView:
-        run = adder.can_run_list
-        i = self.pos.get(req.rid, self.queued - 1)
-        left = budget_left(adder)
-        selected = sum(1 for r in run if r.rid in self.pos)
-        return RoundView(
-            rows=len(run), behind=self.queued - selected + self.running,
-            budget_left=max(int(left), 0), demand_after=self.after[i + 1],
-            mean_extend=self.mean_extend,
-            rows_left=max(self.row_budget - self.running - len(run), 0),
-            parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
-            token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings,
-            host_s=host_s, arrival_rate=arrival_rate, tied=tied,
-            older_by=older_by)  # NOTE: built once
-
-    def passed_over(self, req: Req, run: list) -> bool:
-        """A request queued before `req` was not selected this scan (parked, held, deferred):
-        it finishes after this round. NOTE: the scan visits the queue in order, so every
-        selected queued request but `req` itself sits before it."""
-        i = self.pos.get(req.rid)
-        if i is None:
-            return False
-        selected = sum(1 for r in run if r.rid in self.pos and r is not req)
-        return i > selected
-
-    def parked(self, extend: int) -> None:
-        self.parked_tokens += extend
-        self.parked_rows += 1
-
-
-def release_parked(sched: Scheduler, req: Req) -> None:
-    """Free what a parked request holds, exactly as the scan's own revert of a rejected request
-    (scheduler.py `_get_new_batch_prefill_raw`, after `add_one_req`): the deferred copy-on-write
-    source and clear flag, and a freshly allocated mamba slot (never a session's)."""
-    req.kv.mamba_cow_src_index = None
-    req.kv.mamba_needs_clear = False
-    if req.kv.holds_mamba and not getattr(req, "session", None):
-        sched.tree_cache.req_to_token_pool.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
-        req.kv.mamba_pool_idx = None
-
-

@@ -15,7 +15,7 @@ forward, sleeps a cost-model time and emits one deterministic token per request.
 `--device cpu` lets server-arg resolution and the gloo process groups run without CUDA (do not
 set SGLANG_USE_CPU_ENGINE). Overlap scheduling (omit --disable-overlap-schedule) also runs.
 RADIXFLOW_POLICY selects the scheduler class; RADIXFLOW_SIM_ALPHA/BETA/GAMMA the cost model;
-RADIXFLOW_SIM_GATE (tests only) lets a test hold each forward (radixflow_sglang/testing/gate.py).
+RADIXFLOW_SIM_GATE (tests only) lets a test hold each forward (adapter/forward_gate.py).
 
 `run_scheduler_process_simulated` is handed to `http_server.launch_server` as its
 `run_scheduler_process_func`; the scheduler child is spawned, so its patches happen there.
@@ -92,8 +92,8 @@ def run_scheduler_process_simulated(*args, **kwargs):
 def _init_tp_model_worker(self) -> None:
     logger.info("radixflow: simulated model worker, scheduler class %s", type(self).__name__)
     self.tp_worker = SimulatedWorker(self.server_args)
-    if os.environ.get("RADIXFLOW_SIM_GATE"):  # NOTE: test hook, radixflow_sglang/testing/gate.py
-        from ..testing.gate import ForwardGate
+    if os.environ.get("RADIXFLOW_SIM_GATE"):  # NOTE: test hook, adapter/forward_gate.py
+        from .forward_gate import ForwardGate
 
         self.tp_worker.gate = ForwardGate.from_env(self)
 

@@ -15,25 +15,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from radixflow_sglang.core.cost import RoundView, WaitCase, group_saving
-from radixflow_sglang.core.grid import Layout
+from radixflow_sglang.core.cost import RoundCostEstimator, RoundView, WaitCase, group_saving
+from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
-from radixflow_sglang.core.traversal import Candidate
+from radixflow_sglang.core.traversal import Candidate, Traversal
 
 from .boundary import fast_lcp, kv_hit_length
+from .reqs import namespace, req_len, req_tokens
+from .scanview import ScanView
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.scheduler import Scheduler
 
-    from .runtime import RadixFlowRuntime, _ScanView
+
+class Scheduling(Protocol):
+    """What the price reads off the runtime (adapter/runtime.py RadixFlowRuntime)."""
+
+    traversal: Traversal
+    grid: Grid
+    cost: RoundCostEstimator
 
 GROUPS = 4  # later groups priced per decision (the first ones the round can reach)
 
 
-def priced(rt: RadixFlowRuntime, scan: _ScanView, sched: Scheduler, req: Req, b: Blocking,
+def priced(rt: Scheduling, scan: ScanView, sched: Scheduler, req: Req, b: Blocking,
            view: RoundView) -> RoundView:
     """`view` with the slot's price when waiting for `b` makes the scan's one fork cut."""
     t = rt.traversal
@@ -45,14 +53,12 @@ def priced(rt: RadixFlowRuntime, scan: _ScanView, sched: Scheduler, req: Req, b:
     return replace(view, slot_value=value) if value > 0 else view
 
 
-def slot_value(rt: RadixFlowRuntime, scan: _ScanView, sched: Scheduler, req: Req,
+def slot_value(rt: Scheduling, scan: ScanView, sched: Scheduler, req: Req,
                b: Blocking, view: RoundView) -> float:
     """The largest saving of a later group whose first the round reaches if `req`'s group
     recomputes (its extend then takes budget): that first must not be Blocked itself, and its
     siblings' fork must lie theta past what the tree holds for it (its KV hit, a bound on its
     ready prefix: a smaller gain, so a smaller price)."""
-    from .runtime import namespace, req_len, req_tokens
-
     t, coeffs = rt.traversal, rt.cost.decision_coeffs
     theta, lag = t.cfg.theta, t.cfg.lag
     taken = req_len(req) - b.ready
@@ -78,14 +84,12 @@ def slot_value(rt: RadixFlowRuntime, scan: _ScanView, sched: Scheduler, req: Req
     return best
 
 
-def later_groups(scan: _ScanView, req: Req, tokens, depth: int, theta: int, window: int = 64
+def later_groups(scan: ScanView, req: Req, tokens, depth: int, theta: int, window: int = 64
                  ) -> Iterator[tuple[Req, list[Req], int, int, int]]:
     """Sibling groups queued after `req` and its own siblings (the next `window` entries):
     (first, its siblings, their shortest common prefix with it, input tokens queued between
     `req` and the first, input tokens queued after the first sibling). Siblings share >= theta
     tokens with their first in its namespace and sit next to it (they arrive together)."""
-    from .runtime import namespace, req_tokens
-
     i = scan.pos.get(req.rid)
     if i is None:
         return

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from radixflow_sglang.core.cost import CostCoeffs
+from radixflow_sglang.core.reasons import Reason
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Demand:
 @dataclass(frozen=True)
 class Decision:
     hold: bool
-    reason: str  # why released (or "hold"): busy | rows | tokens | cost | deadline | none
+    reason: Reason  # the HOLD rule that decided (core/reasons.py, in the order `Gate` checks)
     count: int = -1  # how many held requests (queue order) it releases; -1 = all
 
 
@@ -67,22 +68,22 @@ class Gate:
 
     def decide(self, d: Demand, now: float) -> Decision:
         if d.held == 0:
-            return Decision(False, "none")
+            return Decision(False, Reason.NONE)
         # NOTE: rank-identical rules first; only cost and deadline read this rank's clock.
         if d.free_rows > 0 and d.held >= d.free_rows:
-            return Decision(False, "rows")
+            return Decision(False, Reason.ROWS)
         if self.mode == "flex":
             if d.busy:
-                return Decision(False, "busy")
+                return Decision(False, Reason.BUSY)
             if d.residual_tokens >= d.token_budget:
-                return Decision(False, "tokens")
+                return Decision(False, Reason.TOKENS)
             if self.cost_aware and (d.cost is None
                                     or hold_gain(d.held, d.rate, d.mean_extend, d.cost,
                                                  d.burst) <= 0):
-                return Decision(False, "cost")
+                return Decision(False, Reason.COST)
         if now - d.oldest_arrival >= self.deadline_s:
-            return Decision(False, "deadline")
-        return Decision(True, "hold")
+            return Decision(False, Reason.DEADLINE)
+        return Decision(True, Reason.HOLD)
 
     def wake_in(self, d: Demand, now: float) -> float:
         """Seconds until the deadline: the loop may sleep this long, never past it."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+from .reasons import Reason
 
 PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, eval/costmodel.py docstring)
 MFU = 0.5  # prefill model FLOP utilisation (assumption)
@@ -284,6 +286,15 @@ class Verdict:
     wait_s: float  # summed added latency if the candidate waits
     recompute_s: float  # summed added latency if it recomputes now
     tail: bool = False  # the wait won but would make its question the slowest (`raises_tail`)
+    # NOTE: the rule that decided (core/reasons.py); by default the cost comparison's. Not
+    # compared: a verdict is its outcome and costs, whichever rule named it
+    reason: Reason = field(default=None, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.reason is None:
+            why = (Reason.TAIL_GUARD if self.tail else Reason.WAIT_WINS if self.wait
+                   else Reason.RECOMPUTE_WINS)
+            object.__setattr__(self, "reason", why)
 
 
 def _pairs(prefix: int, extend: int) -> float:

@@ -28,6 +28,7 @@ from .cost import (
 from .grid import Grid, Layout
 from .outcome import Blocking
 from .producers import Producer, ProducerIndex, TokenChains
+from .reasons import Reason
 from .stats import RoundStats
 from .waitset import WaitSet
 
@@ -205,21 +206,23 @@ class Traversal:
         (`group_wait_wins`, `view.siblings`), the rest follow it; a split makes their question
         wait for both. A wait decided over 2 rounds (overlap) is kept on its second visit to
         the same producer: its cost was counted whole, and re-deciding on the rest alone splits
-        siblings too. Always True without `cost_aware`. Records only the 2-round waits."""
+        siblings too. Always True without `cost_aware`. Records only the 2-round waits. The
+        verdict names the rule that decided (`Verdict.reason`, core/reasons.py)."""
         if not self.cfg.cost_aware:
-            return Verdict(True, 0.0, 0.0)
+            return Verdict(True, 0.0, 0.0, reason=Reason.ALWAYS_WAIT)
         if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
-            return Verdict(True, 0.0, 0.0)
+            return Verdict(True, 0.0, 0.0, reason=Reason.COMMITTED_WAIT)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
         if 0 < self.waits.rounds_left(c.rid) < lag:
             # NOTE: the bound releases it before the state is published: it would park, then
             # recompute the same gain rounds later (a chain of waits under overlap). A spent
             # bound (0 left) is `park`'s to count.
-            return Verdict(False, 0.0, 0.0)
+            return Verdict(False, 0.0, 0.0, reason=Reason.BOUND_WOULD_CUT)
         key = self._group(c, b)
         v = self._groups.get(key)
         if v is None and _unready(key) in self._unprobed:
-            v = self._groups[key] = Verdict(False, 0.0, 0.0)  # its group recomputed unprobed
+            # NOTE: its group recomputed unprobed
+            v = self._groups[key] = Verdict(False, 0.0, 0.0, reason=Reason.GROUP_UNPROBED)
         if v is None:
             v = group_wait_wins(cost, self._case(c, b, lag), view)
             self._groups[key] = v

@@ -1,0 +1,96 @@
+"""The scan view: one scan's rank-identical picture of the waiting queue for the cost rules.
+
+Built at a scan's first Blocked candidate (O(queue)); the wait rule (core/cost.py RoundView),
+the newcomer deferral and the chunk slot's price (slot.py) read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from radixflow_sglang.core.cost import RoundView
+
+from .reqs import budget_left, namespace, req_len, req_tokens, round_budget, running
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.managers.scheduler import Scheduler
+
+
+@dataclass
+class ScanView:
+    """Per-scan, rank-identical inputs of the cost-aware wait rule (core/cost.py RoundView):
+    the waiting queue's order and token demand, the budgets, the running decode rows."""
+
+    pos: dict[str, int]  # rid -> queue position
+    queue: list  # the waiting queue's requests, in order
+    after: list[int]  # after[i]: input tokens of queue entries i.. (upper bound of demand)
+    queued: int
+    running: int
+    mean_extend: float
+    token_budget: int
+    row_budget: int
+    parked_tokens: int = 0
+    parked_rows: int = 0
+
+    @classmethod
+    def of(cls, sched: Scheduler) -> ScanView:
+        q = sched.waiting_queue
+        lens = [req_len(r) for r in q]
+        after = [0] * (len(lens) + 1)
+        for i in range(len(lens) - 1, -1, -1):
+            after[i] = after[i + 1] + lens[i]
+        return cls({r.rid: i for i, r in enumerate(q)}, list(q), after, len(q), running(sched),
+                   after[0] / len(q) if q else 1.0, round_budget(sched),
+                   sched.max_running_requests)
+
+    def siblings(self, req: Req, ns: tuple, tokens, depth: int, window: int = 64) -> int:
+        """Queued requests after `req` (the next `window`) in its cache namespace that share its
+        first `depth` tokens and can match past them: its sibling group (core/cost.py
+        `group_wait_wins`). NOTE: siblings arrive together, so they sit next to each other in
+        fcfs and lpm order; the window bounds the cost (one compare per entry, C speed)."""
+        i = self.pos.get(req.rid)
+        if i is None or depth <= 0:
+            return 0
+        head, last = tokens[:depth], tokens[depth - 1]
+        n = 0
+        for r in self.queue[i + 1:i + 1 + window]:
+            rt = req_tokens(r)
+            if (len(rt) > depth and rt[depth - 1] == last and namespace(r) == ns
+                    and rt[:depth] == head):
+                n += 1
+        return n
+
+    def view(self, req: Req, adder: PrefillAdder, siblings: int = 0, host_s: float = 0.0,
+             arrival_rate: float = 0.0, tied: int = 0,
+             older_by: float = math.inf) -> RoundView:
+        run = adder.can_run_list
+        i = self.pos.get(req.rid, self.queued - 1)
+        left = budget_left(adder)
+        selected = sum(1 for r in run if r.rid in self.pos)
+        return RoundView(
+            rows=len(run), behind=self.queued - selected + self.running,
+            budget_left=max(int(left), 0), demand_after=self.after[i + 1],
+            mean_extend=self.mean_extend,
+            rows_left=max(self.row_budget - self.running - len(run), 0),
+            parked_tokens=self.parked_tokens, parked_rows=self.parked_rows,
+            token_budget=self.token_budget, row_budget=self.row_budget, siblings=siblings,
+            host_s=host_s, arrival_rate=arrival_rate, tied=tied,
+            older_by=older_by)  # NOTE: built once
+
+    def passed_over(self, req: Req, run: list) -> bool:
+        """A request queued before `req` was not selected this scan (parked, held, deferred):
+        it finishes after this round. NOTE: the scan visits the queue in order, so every
+        selected queued request but `req` itself sits before it."""
+        i = self.pos.get(req.rid)
+        if i is None:
+            return False
+        selected = sum(1 for r in run if r.rid in self.pos and r is not req)
+        return i > selected
+
+    def parked(self, extend: int) -> None:
+        self.parked_tokens += extend
+        self.parked_rows += 1

@@ -1,0 +1,139 @@
+"""The rulebook: every rule that can decide a request's fate in a prefill scan, in the order it
+is applied, each named by one `Reason`.
+
+A scan asks three decision points, in this order (docs/design.md's first page lists the same
+rules in the same order with the same names):
+
+1. HOLD (per pass, adapter/admission.py, core/admission.py `Gate.decide`): keep arrived work
+   out of the scan a little longer, or release it.
+2. VISIT (per visited request, adapter/runtime.py `RadixFlowRuntime._visit`, before LoRA,
+   preemption or budget see it): held, parked (Blocked and waiting), or native handling.
+3. DEFER (per request native admission is about to take, `RadixFlowRuntime._defer`): skip
+   this round, or admit natively.
+
+Each decision point applies its rules top to bottom and the first that fires decides: its
+`Reason` travels with the decision into the trace (`park` / `defer` / `decide` events), the
+runtime's counts (`/server_info` `radixflow.reasons`, Prometheus `radixflow_decisions{reason}`)
+and `python -m radixflow_sglang.explain`. Pure Python, no SGLang import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a decision went the way it did. A str: traces and JSON carry the value."""
+
+    # --- HOLD (core/admission.py Gate.decide), checked in this order ---------------------------
+    NONE = "none"  # nothing held: nothing to decide
+    ROWS = "rows"  # held requests fill the rows the round can take: release
+    BUSY = "busy"  # work is running: release (flex)
+    TOKENS = "tokens"  # held token demand fills the round's budget: release (flex)
+    COST = "cost"  # holding cannot win (`hold_gain` <= 0): release (cost-aware flex)
+    DEADLINE = "deadline"  # the oldest held request reached the deadline: release
+    HOLD = "hold"  # none of the above: hold
+
+    # --- VISIT (RadixFlowRuntime._visit), checked in this order --------------------------------
+    HELD = "held"  # the admission hold keeps it out of this scan
+    NO_TRAVERSAL = "no_traversal"  # the policy (or --disable-radix-cache) has no traversal
+    QUIET_SCAN = "quiet_scan"  # no candidate of this scan can wait (core/cost.py never_waits)
+    SESSION = "session"  # a session request: native handling
+    NO_PRODUCER = "no_producer"  # no live producer indexed: nothing can block it
+    NO_SHARER = "no_sharer"  # no live producer shares a block with it
+    NOT_BLOCKED = "not_blocked"  # no producer publishes >= theta past its ready prefix in reach
+    RECOMPUTE_UNPROBED = "recompute_unprobed"  # recomputing wins at every ready prefix: no probe
+    ALWAYS_WAIT = "always_wait"  # the always-wait rule: every Blocked request parks
+    COMMITTED_WAIT = "committed_wait"  # a 2-round wait (overlap) kept on its second visit
+    BOUND_WOULD_CUT = "bound_would_cut"  # the park bound releases it before the state publishes
+    GROUP_UNPROBED = "group_unprobed"  # its sibling group recomputed unprobed this scan
+    WAIT_WINS = "wait_wins"  # waiting adds less latency than recomputing (group verdict)
+    RECOMPUTE_WINS = "recompute_wins"  # recomputing its gain now adds less latency
+    TAIL_GUARD = "tail_guard"  # waiting would make its question the slowest: recompute
+    BOUND_SPENT = "bound_spent"  # parked its last allowed round: native handling
+
+    # --- DEFER (RadixFlowRuntime._defer), checked in this order --------------------------------
+    NEWCOMER = "newcomer"  # keeps out of a released consumer's round (core/cost.py)
+    NO_CUT = "no_cut"  # no chunk budget, or first of its round: native admission
+    BOUNDARY_SLOT = "boundary_slot"  # its boundary cut waits for SGLang's one chunk slot
+    FITS = "fits"  # fits the residual chunk budget whole: native admission
+    FORK_SLOT = "fork_slot"  # a fork-cut producer holds SGLang's one chunk slot
+    NATIVE_CUT = "native_cut"  # native chunking (not a fragment, or no fragment guard)
+    FRAG_CAP = "frag_cap"  # its fragment deferrals are spent: native chunking
+    FRAGMENT = "fragment"  # the cut would leave a fragment shorter than G (+Frag): wait
+
+
+class Action(StrEnum):
+    """What a decision does with the request (or, for HOLD, with the held queue)."""
+
+    HOLD = "hold"  # kept out of this scan by the admission hold
+    RELEASE = "release"  # the hold lets its requests into the scan
+    PARK = "park"  # Blocked and waiting: keeps its queue position, holds nothing
+    NATIVE = "native"  # SGLang's own handling from here on
+    DEFER = "defer"  # skipped this round before it consumes anything
+    ADMIT = "admit"  # SGLang's native admission takes it (whole or cut as SGLang cuts)
+
+
+@dataclass(frozen=True)
+class Rule:
+    point: str  # hold | visit | defer
+    reason: Reason
+    action: Action  # what the decision does when this rule fires
+    says: str  # one line, the rule
+
+
+HOLD, VISIT, DEFER = "hold", "visit", "defer"
+POINTS = (HOLD, VISIT, DEFER)
+
+RULEBOOK: tuple[Rule, ...] = (
+    Rule(HOLD, Reason.NONE, Action.RELEASE, "nothing is held"),
+    Rule(HOLD, Reason.ROWS, Action.RELEASE, "held requests fill the free rows"),
+    Rule(HOLD, Reason.BUSY, Action.RELEASE, "flex: work is running or in flight"),
+    Rule(HOLD, Reason.TOKENS, Action.RELEASE, "flex: held token demand fills the token budget"),
+    Rule(HOLD, Reason.COST, Action.RELEASE, "cost-aware flex: holding cannot win (hold_gain <= 0)"),
+    Rule(HOLD, Reason.DEADLINE, Action.RELEASE, "the oldest held request reached the deadline"),
+    Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold"),
+    Rule(VISIT, Reason.HELD, Action.HOLD, "the admission hold has not released it"),
+    Rule(VISIT, Reason.NO_TRAVERSAL, Action.NATIVE, "the policy has no traversal (or no reuse)"),
+    Rule(VISIT, Reason.QUIET_SCAN, Action.NATIVE, "a quiet scan: no candidate can wait"),
+    Rule(VISIT, Reason.SESSION, Action.NATIVE, "a session request"),
+    Rule(VISIT, Reason.NO_PRODUCER, Action.NATIVE, "no live producer is indexed"),
+    Rule(VISIT, Reason.NO_SHARER, Action.NATIVE, "no live producer shares a block with it"),
+    Rule(VISIT, Reason.NOT_BLOCKED, Action.NATIVE,
+         "not Blocked: no producer publishes >= theta past its ready prefix within reach "
+         "(checked with nothing ready, then after the probe match)"),
+    Rule(VISIT, Reason.RECOMPUTE_UNPROBED, Action.NATIVE,
+         "cost-aware: recomputing wins at every ready prefix it could have (no probe)"),
+    Rule(VISIT, Reason.ALWAYS_WAIT, Action.PARK, "always-wait rule: Blocked parks"),
+    Rule(VISIT, Reason.COMMITTED_WAIT, Action.PARK,
+         "cost-aware: a wait decided over 2 rounds is kept on its second visit"),
+    Rule(VISIT, Reason.BOUND_WOULD_CUT, Action.NATIVE,
+         "cost-aware: the park bound releases it before the state is published"),
+    Rule(VISIT, Reason.GROUP_UNPROBED, Action.NATIVE,
+         "cost-aware: its sibling group recomputed unprobed in this scan"),
+    Rule(VISIT, Reason.WAIT_WINS, Action.PARK,
+         "cost-aware: waiting adds less latency than recomputing (one verdict per sibling "
+         "group; at the producer's learned mark where waiting for it still wins)"),
+    Rule(VISIT, Reason.RECOMPUTE_WINS, Action.NATIVE, "cost-aware: recomputing now adds less"),
+    Rule(VISIT, Reason.TAIL_GUARD, Action.NATIVE,
+         "cost-aware: the wait would make its question the slowest the choice affects"),
+    Rule(VISIT, Reason.BOUND_SPENT, Action.NATIVE, "its park bound is spent"),
+    Rule(DEFER, Reason.NEWCOMER, Action.DEFER,
+         "cost-aware: joining a released consumer's round costs more than a round (once)"),
+    Rule(DEFER, Reason.NO_CUT, Action.ADMIT, "no chunk budget, or the round's first request"),
+    Rule(DEFER, Reason.BOUNDARY_SLOT, Action.DEFER,
+         "no_buffer: its boundary cut must wait for SGLang's one chunk slot"),
+    Rule(DEFER, Reason.FITS, Action.ADMIT, "it fits the residual chunk budget whole"),
+    Rule(DEFER, Reason.FORK_SLOT, Action.DEFER,
+         "a fork-cut producer holds SGLang's one chunk slot"),
+    Rule(DEFER, Reason.NATIVE_CUT, Action.ADMIT, "the cut is no fragment, or no fragment guard"),
+    Rule(DEFER, Reason.FRAG_CAP, Action.ADMIT, "+Frag: its fragment deferrals are spent"),
+    Rule(DEFER, Reason.FRAGMENT, Action.DEFER,
+         "+Frag: the cut would leave a fragment shorter than G (publishes no state)"),
+)
+
+
+def rules(point: str) -> tuple[Rule, ...]:
+    """One decision point's rules, in order."""
+    return tuple(r for r in RULEBOOK if r.point == point)

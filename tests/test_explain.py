@@ -1,0 +1,45 @@
+"""python -m radixflow_sglang.explain: a timeline for every request of a replay's trace."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from eval import replay
+from radixflow_sglang import explain
+
+
+def test_explain_prints_a_timeline_for_every_request_of_a_replay_trace(tmp_path, capsys):
+    trace, out = tmp_path / "trace", tmp_path / "out"
+    assert replay.main(["--workload", "gsp", "--model", "qwen3.5-4b", "--policies",
+                        "radixflow-always", "--groups", "3", "--prompts-per-group", "3",
+                        "--host-cost", "none", "--no-progress", "--trace", str(trace),
+                        "--out", str(out)]) == 0
+    path = trace / "radixflow-always.jsonl"
+    events = [json.loads(line) for line in path.open()]
+    selected = {e["rid"] for e in events if e["event"] == "selected"}
+    assert len(selected) == 9
+    capsys.readouterr()
+    assert explain.main([str(path)]) == 0
+    text = capsys.readouterr().out
+    heads = {line.split(":")[0] for line in text.splitlines() if not line.startswith(" ")}
+    assert heads == selected
+    # NOTE: the gsp siblings wait for their group's first: some request parked, by its rule
+    assert "visit: park (always_wait)" in text and "parked: waits for" in text
+    assert "admitted: resumes from depth" in text
+
+
+def test_explain_one_request(tmp_path):
+    path = tmp_path / "t.jsonl"
+    rows = [{"event": "park", "round": 1, "rid": "a", "action": "park", "reason": "wait_wins"},
+            {"event": "park", "round": 1, "rid": "b", "action": "native",
+             "reason": "no_sharer"},
+            {"event": "admitted", "round": 2, "rid": "a", "prefix": 2048, "hit": 2048,
+             "extend": 120, "publish": None}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "par')
+    buf = io.StringIO()
+    assert explain.explain(path, "a", buf) == 1
+    text = buf.getvalue()
+    assert text.splitlines()[0] == "a: first seen in round 1"
+    assert "visit: park (wait_wins)" in text and "resumes from depth 2048" in text
+    assert "b:" not in text
