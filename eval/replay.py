@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None,
                    help="RACE/QuALITY data directory (default: $RADIXFLOW_DATA_DIR or "
                         "shared/data)")
+    p.add_argument("--executor", choices=("witness", "scripted"), default="witness",
+                   help="witness (default): every resumed state and KV slot is checked "
+                        "against its prefix, a mismatch fails the arm, and output ids depend "
+                        "on the states; scripted: the old state-free tokens")
     p.add_argument("--trace", metavar="DIR", default=None,
                    help="write each arm's RadixFlow trace to DIR/POLICY.jsonl (round, selected, "
                         "decide and forward events, as a server's --radixflow-trace; none for "
@@ -188,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "regime": args.regime, "order": args.order, "rate": args.rate,
         "questions": args.questions, "seed": args.seed, "layout": args.layout,
         "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
+        "executor": args.executor,
     }
     if args.workload in TRAFFIC_WORKLOADS:
         from eval.traffic import describe
@@ -219,20 +224,51 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policies:
         res = run_arm(segments, args.model, policy, layout=args.layout, overlap=args.overlap,
                       seed=args.seed, progress=progress, cost=cost, host=host,
-                      radixflow_config=trace_config(args.trace, policy))
+                      radixflow_config=trace_config(args.trace, policy),
+                      executor=args.executor)
         arms[policy] = res
         if res.ok:
             m = res.metrics
             print(f"[{policy}] rounds={m['rounds']} tokens={m['scheduled_tokens']} "
                   f"lat_mean={m['latency_mean_s']:.4f}s p95={m['latency_p95_s']:.4f}s "
                   f"({res.wall_s:.1f}s wall)", file=sys.stderr)
+            if "witness" in m:
+                w = m["witness"]
+                print(f"[{policy}] witness: {w['verified']} of {w['requests']} requests "
+                      f"verified, {w['mismatched']} mismatched ({w['resumed']} resumed "
+                      f"states, {w['states_checked']} states checked)", file=sys.stderr)
         else:
             print(f"[{policy}] FAILED: {res.error}", file=sys.stderr)
+    for policy, agreement in output_agreement(arms).items():
+        arms[policy].metrics["outputs_vs_stock"] = agreement
+        print(f"[{policy}] outputs: {agreement['identical']} of {agreement['compared']} "
+              f"requests identical to stock", file=sys.stderr)
     report.write(out, config, arms)
     print(f"wrote {out}/summary.json and {out}/report.md "
           f"({time.perf_counter() - t0:.1f}s wall)", file=sys.stderr)
     broken = [p for p, r in arms.items() if not r.ok]
-    return 1 if broken else 0
+    differ = [p for p, r in arms.items() if r.ok and (r.metrics.get("outputs_vs_stock") or {})
+              .get("differing")]
+    if differ:
+        print(f"eval/replay.py: outputs differ from stock under {', '.join(differ)}",
+              file=sys.stderr)
+    return 1 if broken or differ else 0
+
+
+def output_agreement(arms: dict) -> dict[str, dict[str, int]]:
+    """Per non-stock arm, its output ids against the stock arm's, request by request (with the
+    witness executor, ids depend on every state a request computed from)."""
+    ref = arms.get("stock")
+    if ref is None or not ref.ok:
+        return {}
+    out = {}
+    for policy, res in arms.items():
+        if policy == "stock" or not res.ok:
+            continue
+        both = ref.outputs.keys() & res.outputs.keys()
+        same = sum(ref.outputs[r] == res.outputs[r] for r in both)
+        out[policy] = {"compared": len(both), "identical": same, "differing": len(both) - same}
+    return out
 
 
 if __name__ == "__main__":

@@ -200,6 +200,7 @@ class ArmResult:
     cost: CostModel | None = None
     wall_s: float = 0.0
     requests: dict[str, _Branch] = field(default_factory=dict)  # rid -> its chunks and lives
+    outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rid -> generated ids
 
     @property
     def ok(self) -> bool:
@@ -295,6 +296,7 @@ def replay(
     on_forward: Callable[[int, int, float], None] | None = None,
     gpu: Callable[[Any], float] | None = None,
     ignore_eos: bool = True,
+    executor: str = "witness",
 ) -> ArmResult:
     """Replay segments in sequence through a fresh Kit in virtual time; raise on any violation.
 
@@ -305,7 +307,9 @@ def replay(
     `gpu`: prefill Round -> GPU seconds (default: `cost` of the round; `result.cost` stays
     `cost`; decode steps cost `cost.decode`). `ignore_eos`: the requests' sampling flag; False
     lets SGLang's admission reserve only its new-token ratio of running requests' outputs, so
-    decode can run out of KV and retract (Kit.req).
+    decode can run out of KV and retract (Kit.req). `executor`: the kit's (Kit.executor):
+    "witness" checks every resumed state against its prefix and raises WitnessMismatch on the
+    first wrong one; its counts are `metrics["witness"]`, the output ids `result.outputs`.
     """
     import torch
 
@@ -317,14 +321,14 @@ def replay(
         return _replay(questions_or_segments, model, policy, layout=layout, overlap=overlap,
                        cost=cost, seed=seed, progress=progress, kit_overrides=kit_overrides,
                        radixflow_config=radixflow_config, host=host, on_forward=on_forward,
-                       gpu=gpu, ignore_eos=ignore_eos)
+                       gpu=gpu, ignore_eos=ignore_eos, executor=executor)
     finally:
         torch.set_num_threads(threads)
 
 
 def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
             kit_overrides, radixflow_config, host=None, on_forward=None, gpu=None,
-            ignore_eos=True) -> ArmResult:
+            ignore_eos=True, executor="witness") -> ArmResult:
     from radixflow_sglang.testing.kit import Kit, KitConfig
     from radixflow_sglang.testing.loop import VirtualClock, VirtualLoop
 
@@ -333,7 +337,8 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     cost = cost or default_cost(model)
     clock = VirtualClock()
     kit = Kit(KitConfig(model=model, layout=layout, overlap=overlap, **(kit_overrides or {})),
-              policy=policy, radixflow_config=radixflow_config, clock=clock, sleep=clock.sleep)
+              policy=policy, radixflow_config=radixflow_config, clock=clock, sleep=clock.sleep,
+              executor=executor)
     rt = kit.runtime
     geo = kit.geometry
     rows_budget = kit.cfg.rows or geo.rows
@@ -475,6 +480,9 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     result.metrics = _all_metrics(result, branches, rt, leaks, rows_budget, tokens_budget)
     if host is not None:
         result.metrics["host_s"] = loop.host_s
+    if kit.witness is not None:
+        result.metrics["witness"] = kit.witness.stats.as_dict()
+    result.outputs = loop.log.outputs
     result.wall_s = time.perf_counter() - t_wall
     return result
 
@@ -735,7 +743,7 @@ def probe_segments(seed: int = 0, tokens: int = 8192) -> list[Segment]:
 def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str = "extra_buffer",
             overlap: bool = False, cost: CostModel | None = None, seed: int = 0,
             progress: bool = False, host: Any = None,
-            radixflow_config: Any = None) -> ArmResult:
+            radixflow_config: Any = None, executor: str = "witness") -> ArmResult:
     """`replay`, where a failure is a failed arm: it carries its error and no numbers.
 
     `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
@@ -748,7 +756,7 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
         fn = host.host_fn(policy) if host is not None else None
         res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
                      seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host),
-                     radixflow_config=radixflow_config)
+                     radixflow_config=radixflow_config, executor=executor)
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)

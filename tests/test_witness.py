@@ -24,9 +24,11 @@ def test_advance_equals_from_scratch():
     toks = rng.integers(0, 1 << 18, 5000)
     for cut in (0, 1, 63, 64, 4999, 5000):
         assert h.advance(h.of(toks[:cut]), toks[cut:], cut) == h.of(toks)
-    ends = [0, 1, 64, 4000]
-    assert h.advance_to(h.of(toks[:1000]), toks[1000:], 1000, ends) == [
-        h.of(toks[: 1000 + e]) for e in ends]
+    tab = h.table(toks)
+    for a, b in ((0, 0), (0, 1), (1000, 1064), (1000, 5000)):
+        assert tab.at(b) == h.of(toks[:b])
+        assert tab.advance(h.of(toks[:a]), a, b) == h.of(toks[:b])
+    assert h.step(h.of(toks[:10]), int(toks[10]), 10) == h.of(toks[:11])
 
 
 def test_fingerprint_separates_order_depth_and_content():

@@ -73,7 +73,7 @@ class WitnessStats:
 class _Seq:
     """What one request's state should cover: `toks[:-1]` after its last sampled token."""
 
-    toks: list[int]
+    toks: np.ndarray
     expect: Fp  # fingerprint of toks[:-1] (from the witness's own bookkeeping, not the pool)
     bad: bool = False
 
@@ -93,12 +93,14 @@ class Witness:
         self.hasher = Hasher()
         self.stats = WitnessStats()
         self.hybrid = isinstance(req_to_token_pool, HybridReqToTokenPool)
-        layer = _first_full_layer(kv_pool)
-        self._kv = kv_pool.get_key_buffer(layer).view(torch.int16).reshape(-1, 4 * _per_slot(
-            kv_pool.get_key_buffer(layer)))[:, :4]
+        # NOTE: numpy views share the pools' memory (CPU tensors): what SGLang copies, the
+        # witness reads. A KV slot's first 4 int16 words; a state slot's first WORDS words.
+        key = kv_pool.get_key_buffer(_first_full_layer(kv_pool))
+        self._kv = key.view(torch.int16).reshape(key.shape[0], -1)[:, :4].numpy()
+        self._rows = req_to_token_pool.req_to_token.numpy()
         if self.hybrid:
             t = req_to_token_pool.mamba_pool.mamba_cache.temporal
-            self._state = [t[i].view(torch.int16).reshape(t.shape[1], -1)[:, :WORDS]
+            self._state = [t[i].view(torch.int16).reshape(t.shape[1], -1)[:, :WORDS].numpy()
                            for i in sorted({0, t.shape[0] - 1})]
 
     # --- the forward ---------------------------------------------------------------------
@@ -123,7 +125,8 @@ class Witness:
                     override: Override | None) -> int:
         fill = np.frombuffer(req.full_untruncated_fill_ids, dtype=np.int64)[:end]
         rec = self._seq(req)
-        expect = self.hasher.of(fill[:pre])
+        tab = self.hasher.table(fill)
+        expect = tab.at(pre)
         fp = Fp(end, 0, 0)
         if self.hybrid:
             slot = self._mamba_slot(req)
@@ -131,18 +134,17 @@ class Witness:
             if pre > 0:  # NOTE: no initial state at prefix 0 (gdn_backend: extend_prefix_lens > 0)
                 self.stats.resumed += 1
                 read = self._read_state(req, slot, expect, pre, "resumed state")
-            ends = [end - pre] + ([track - pre] if track is not None else [])
-            fps = self.hasher.advance_to(read, fill[pre:], pre, ends)
-            fp = fps[0]
+            fp = tab.advance(read, pre, end)  # NOTE: from what was read, right or wrong
             self._write_state(slot, fp)
             if track is not None:
-                self._write_state(int(batch.mamba_track_indices[row]), fps[1])
+                self._write_state(int(batch.mamba_track_indices[row]), tab.advance(read, pre,
+                                                                                    track))
         digest = self._kv_pass(req, fill, pre, end)
         if end < len(req.full_untruncated_fill_ids):
             return 0  # NOTE: a chunk: nothing is sampled (the result path skips the row)
         tok = self._choose(req, end - len(req.origin_input_ids), fp, digest, override)
-        rec.toks = fill.tolist() + [tok]
-        rec.expect = self.hasher.advance(expect, fill[pre:], pre)
+        rec.toks = np.append(fill, tok)
+        rec.expect = tab.at(end)
         return tok
 
     def _decode(self, batch, override: Override | None) -> list[int]:
@@ -157,21 +159,21 @@ class Witness:
                                f"{None if rec is None else len(rec.toks)}")
                 out.append(0)
                 continue
-            pos, x = seq_lens[i] - 1, rec.toks[-1]
+            pos, x = seq_lens[i] - 1, int(rec.toks[-1])
             fp = Fp(seq_lens[i], 0, 0)
             if self.hybrid:
                 slot = self._mamba_slot(req)
                 read = self._read_state(req, slot, rec.expect, pos, "decode state")
-                fp = self.hasher.advance(read, [x], pos)
+                fp = self.hasher.step(read, x, pos)
                 self._write_state(slot, fp)
                 dst = int(batch.mamba_track_indices[i]) if track and track[i] else -1
                 if dst >= 0:
                     self._write_state(dst, fp)
-            digest = self._kv_pass(req, np.asarray(rec.toks, dtype=np.int64), pos, pos + 1)
+            digest = self._kv_pass(req, rec.toks, pos, pos + 1)
             tok = self._choose(req, len(rec.toks) - len(req.origin_input_ids), fp, digest,
                                override)
-            rec.expect = self.hasher.advance(rec.expect, [x], pos)
-            rec.toks.append(tok)
+            rec.expect = self.hasher.step(rec.expect, x, pos)
+            rec.toks = np.append(rec.toks, tok)
             out.append(tok)
         return out
 
@@ -179,7 +181,7 @@ class Witness:
     def _seq(self, req) -> _Seq:
         rec = getattr(req, _ATTR, None)
         if rec is None:
-            rec = _Seq([], EMPTY)
+            rec = _Seq(np.empty(0, dtype=np.int64), EMPTY)
             setattr(req, _ATTR, rec)
             self.stats.requests += 1
         return rec
@@ -215,27 +217,25 @@ class Witness:
         return got[0] or EMPTY
 
     def _write_state(self, slot: int, fp: Fp) -> None:
-        words = torch.tensor(fp.words(), dtype=torch.int16)
+        words = fp.words()
         for t in self._state:
             t[slot] = words
 
     def _kv_pass(self, req, toks: np.ndarray, pre: int, end: int) -> int:
         """Write positions [pre, end) into the request's KV slots, read its row [0, end) back,
         check it, and return a digest of what was read."""
-        locs = self.r2t.req_to_token[req.kv.req_pool_idx, :end].to(torch.int64)
-        new = kv_words(toks[pre:end], np.arange(pre, end))
-        self._kv[locs[pre:end]] = torch.from_numpy(new.astype(np.int16))
-        tok, pos = kv_decode(self._kv[locs].numpy())
+        locs = self._rows[req.kv.req_pool_idx, :end]
+        self._kv[locs[pre:end]] = kv_words(toks[pre:end], np.arange(pre, end))
+        tok, pos = kv_decode(self._kv[locs])
         self.stats.kv_checked += end
         want = toks[:end]
-        bad = np.nonzero((tok != want) | (pos != np.arange(end)))[0]
-        if len(bad):
-            j = int(bad[0])
+        bad = (tok != want) | (pos != np.arange(end))
+        if bad.any():
+            j = int(np.argmax(bad))
             self._mismatch(req, "KV slot", j, f"token {int(want[j])} at {j}",
                            f"token {int(tok[j])} at {int(pos[j])} "
-                           f"(slot {int(locs[j])}; {len(bad)} wrong)")
-        ok = np.clip(pos, 0, None)
-        return int((((tok & 0xFFFF) + 1) * (ok % 65_521 + 1)).sum() % 1_000_003)
+                           f"(slot {int(locs[j])}; {int(bad.sum())} wrong)")
+        return int((((tok & 0xFFFF) + 1) * (pos % 65_521 + 1)).sum() % 1_000_003)
 
     def _mismatch(self, req, what: str, depth: int, expected, found) -> None:
         rec = self._seq(req)

@@ -99,19 +99,39 @@ class Hasher:
              for k, v in enumerate((fp.h1, fp.h2))]
         return Fp(fp.n + len(tokens), h[0], h[1])
 
-    def advance_to(self, fp: Fp, tokens, start: int, ends: list[int]) -> list[Fp]:
-        """`fp` advanced by tokens[:e] for each e in `ends` (one cumulative pass)."""
-        if not ends:
-            return []
-        cum = [np.cumsum(self.terms(tokens[: max(ends)], start, k)) for k in range(2)]
-        out = []
-        for e in ends:
-            if e == 0:
-                out.append(fp)
-                continue
-            h = [(v + int(cum[k][e - 1])) % _P[k] for k, v in enumerate((fp.h1, fp.h2))]
-            out.append(Fp(fp.n + e, h[0], h[1]))
-        return out
+    def step(self, fp: Fp, token: int, pos: int) -> Fp:
+        """`fp` advanced by one token at `pos` (a decode step)."""
+        if not 0 <= token < MAX_TOKEN:
+            raise ValueError(f"fingerprint: token id {token} outside [0, {MAX_TOKEN})")
+        h = [(v + (token + 1) * int(self.powers(k, pos + 1)[pos])) % _P[k]
+             for k, v in enumerate((fp.h1, fp.h2))]
+        return Fp(fp.n + 1, h[0], h[1])
+
+    def table(self, tokens) -> Prefixes:
+        """Every prefix's hashes of `tokens`, from one cumulative pass."""
+        return Prefixes([np.cumsum(self.terms(tokens, 0, k)) for k in range(2)])
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """Cumulative hashes of one sequence: entry j covers its first j + 1 tokens."""
+
+    cum: list[np.ndarray]
+
+    def _sum(self, k: int, a: int, b: int) -> int:
+        c = self.cum[k]
+        return int(c[b - 1]) - (int(c[a - 1]) if a else 0) if b > a else 0
+
+    def at(self, n: int) -> Fp:
+        """The from-scratch fingerprint of the first `n` tokens."""
+        if n == 0:
+            return EMPTY
+        return Fp(n, int(self.cum[0][n - 1]) % _P[0], int(self.cum[1][n - 1]) % _P[1])
+
+    def advance(self, fp: Fp, a: int, b: int) -> Fp:
+        """`fp` advanced by the tokens at positions a .. b-1 (whatever `fp` was)."""
+        return Fp(fp.n + b - a, (fp.h1 + self._sum(0, a, b)) % _P[0],
+                  (fp.h2 + self._sum(1, a, b)) % _P[1])
 
 
 def kv_words(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -64,6 +64,7 @@ class CompletionLog:
     def __init__(self) -> None:
         self.count: Counter[str] = Counter()
         self.order: list[str] = []
+        self.outputs: dict[str, tuple[int, ...]] = {}  # rid -> its generated ids
 
     def install(self, kit: Any) -> CompletionLog:
         kit.on_complete = self.record
@@ -73,6 +74,7 @@ class CompletionLog:
     def record(self, req: Any) -> None:
         self.count[req.rid] += 1
         self.order.append(req.rid)
+        self.outputs[req.rid] = tuple(req.output_ids)
 
 
 @dataclass(frozen=True)
