@@ -48,14 +48,15 @@ def run_scheduler_process(*args, **kwargs):
     return _UPSTREAM_RUN(*args, **kwargs)
 
 
-def activate(cfg: RadixFlowConfig, origin: str) -> None:
+def activate(cfg: RadixFlowConfig, origin: str, executor: str | None = None) -> None:
     """Every policy, in each process that loads RadixFlow (launcher: the launching one; plugin:
-    all): the request checks (validate.py), the scheduler class, one log line."""
+    all): the request checks (validate.py; `executor` "simulated" adds its refusals), the
+    scheduler class, one log line."""
     from radixflow_sglang.core.boundary import wants
 
     from .validate import install as install_checks
 
-    install_checks()
+    install_checks(executor)
     if cfg.policy != "stock" and cfg.chat_boundary == "on" and wants(cfg.boundaries, "declared"):
         from .boundary import install_chat
 
