@@ -172,11 +172,10 @@ class RadixFlowConfig:
         return policy_spec(self.policy, self.admission_ms)
 
     def settings(self) -> dict[str, Any]:
-        """Every setting in force (None: resolved per model, e.g. theta = max(G, 64)); a
-        policy's own hold bound replaces an unset admission_ms."""
+        """Every setting in force (None: resolved per model, e.g. theta = max(G, 64)); the
+        policy's hold bound for admission_ms ("off": the policy does not hold)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.spec.admission is not None:
-            out["admission_ms"] = self.spec.admission_ms
+        out["admission_ms"] = self.spec.admission_ms if self.spec.admission else "off"
         return out
 
     def describe_settings(self) -> str:

@@ -41,6 +41,8 @@ class RadixFlowMetrics:
         self.newcomers = Counter("radixflow_newcomer_deferred", "Requests kept out of a "
                                  "released consumer's round (cost rule)", names)
         self.newcomers.labels(**self.labels)  # NOTE: exported from the start, like quiet
+        for counter in (self.rounds, self.blocked, self.forks, self.held, self.recomputed):
+            counter.labels(**self.labels)  # NOTE: every README series exists before its event
         self.forward = Histogram("radixflow_forward_seconds", "Measured prefill forward time",
                                  names, buckets=FORWARD_BUCKETS)
         self.fit = Gauge("radixflow_round_cost", "Round-cost fit: c = alpha + beta * tokens + "
