@@ -130,6 +130,9 @@ SETTINGS: tuple[Setting, ...] = (
             "its boundary (with declared/both); off by default: a conversation whose system "
             "prompt nobody shares loses its end state (8 percent more tokens on multi-turn)",
             choices=("off", "on")),
+    Setting("drain_timeout", float, 30.0, "seconds SIGTERM waits for in-flight requests before "
+            "it aborts them and the server exits (SGLang alone waits without bound); new "
+            "requests get 503 meanwhile", low=0, high=86_400, unit=" s"),
 )
 LAUNCHER_SETTINGS: tuple[Setting, ...] = (
     Setting("executor", str, None, "model (GPU) or simulated (CPU cost model); default: model "
@@ -153,6 +156,7 @@ class RadixFlowConfig:
     trace: str | None = None  # JSONL path for per-round and per-request events
     boundaries: str = "both"  # publication boundaries (core/boundary.py MODES)
     chat_boundary: str = "off"  # the chat system message as a declared boundary
+    drain_timeout: float = 30.0  # seconds a SIGTERM drain waits before aborting (adapter/drain.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -166,6 +170,17 @@ class RadixFlowConfig:
     @property
     def spec(self) -> PolicySpec:
         return policy_spec(self.policy, self.admission_ms)
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting in force (None: resolved per model, e.g. theta = max(G, 64)); the
+        policy's hold bound for admission_ms ("off": the policy does not hold)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["admission_ms"] = self.spec.admission_ms if self.spec.admission else "off"
+        return out
+
+    def describe_settings(self) -> str:
+        return " ".join(f"{k}={'default' if v is None else v}"
+                        for k, v in self.settings().items())
 
     def to_env(self) -> dict[str, str | None]:
         """The variables that carry this config to spawned processes (None: unset it)."""

@@ -2,17 +2,27 @@
 
 Covers malformed workload files (eval.workload loaders: DataError names file and line),
 unknown model and policy names, out-of-range flags and environment settings, prompts longer
-than the context, and empty prompts. Where SGLang itself rejects an input before its
-scheduler (the front door), the test pins SGLang's own message; where the CPU kit hands an
-input straight to SGLang's scan, the test documents what the scan does.
+than the context, empty prompts, and every request feature through a real server (logprobs,
+grammars, n > 1, stop strings, LoRA names, hidden states, malformed custom_params: each works
+or is a 400, and a concurrent well-formed client is served throughout). Where SGLang itself
+rejects an input before its scheduler (the front door), the test pins SGLang's own message;
+where the CPU kit hands an input straight to SGLang's scan, the test documents what the scan
+does.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import subprocess
 import sys
+import threading
+import urllib.error
+import urllib.request
 from array import array
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -382,3 +392,185 @@ def test_aborting_queued_requests_loses_nothing_else() -> None:
     k.abort_waiting("r1")
     drain(k)
     assert set(k.finished) == {"r0", "r2", "r3"} and k.leaks() == NO_LEAK
+
+
+# --- request features through a real server (every executor: the simulated one here) ----------
+# Each variant either works or is a 400 naming the field and the executor; none may reach a
+# path that kills the scheduler (a logprob request once did: copy_to_cpu read a None
+# logits_output), and a well-formed client served meanwhile is never harmed.
+
+LOG_HALF = math.log(0.5)  # the chosen token's logprob (adapter/sim_outputs.py)
+BOOL_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "boolean"}},
+                          "required": ["a"], "additionalProperties": False})
+
+
+@pytest.fixture(scope="module", params=["stock", "radixflow"])
+def feature_server(request, tmp_path_factory):
+    from radixflow_sglang.testing.server import Server, free_port
+
+    tmp = tmp_path_factory.mktemp(f"features-{request.param}")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
+    env.update(PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
+    cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
+           "--port", str(port), "--radixflow-policy", request.param,
+           "--radixflow-executor", "simulated"]
+    with Server(cmd, env, tmp / "server.log", port, cwd=ROOT) as srv:
+        srv.wait_ready(600)  # NOTE: a hang bound
+        yield srv
+
+
+def post(base: str, path: str, body: dict) -> tuple[int, Any]:
+    req = urllib.request.Request(base + path, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raw = e.read().decode(errors="replace")
+        try:
+            return e.code, json.loads(raw)
+        except json.JSONDecodeError:
+            return e.code, raw
+
+
+def gen(text: str = "Hello", new: int = 1, **fields: Any) -> dict:
+    sp = {"max_new_tokens": new, **fields.pop("sp", {})}
+    return {"text": text, "sampling_params": sp, **fields}
+
+
+def check_logprob(body: Any) -> None:
+    mi = body["meta_info"]
+    assert [(lp, tok) for lp, tok, _ in mi["output_token_logprobs"]] == \
+        [(pytest.approx(LOG_HALF), t) for t in body["output_ids"]]
+
+
+def check_top(body: Any) -> None:
+    for (_, tok, _), top in zip(body["meta_info"]["output_token_logprobs"],
+                                body["meta_info"]["output_top_logprobs"], strict=True):
+        assert len(top) == 3 and top[0][1] == tok  # the chosen token heads the top-k
+        assert [x[0] for x in top] == sorted((x[0] for x in top), reverse=True)
+
+
+def check_token_ids(body: Any) -> None:
+    rows = body["meta_info"]["output_token_ids_logprobs"]
+    assert len(rows) == 2 and all([x[1] for x in row] == [5, 7] for row in rows)
+    assert all(x[0] < LOG_HALF for row in rows for x in row)
+
+
+def check_input_logprobs(body: Any) -> None:
+    n = body["meta_info"]["prompt_tokens"]
+    assert len(body["meta_info"]["input_token_logprobs"]) == n > 1
+    assert len(body["meta_info"]["input_top_logprobs"]) == n
+
+
+def check_regex(body: Any) -> None:
+    assert re.fullmatch(r"[a-c]+", body["text"]), body["text"]
+
+
+def check_schema(body: Any) -> None:
+    assert json.loads(body["text"]) in ({"a": True}, {"a": False}), body["text"]
+
+
+def check_n(body: Any) -> None:
+    assert len(body) == 3 and all(len(b["output_ids"]) == 2 for b in body)
+
+
+def check_openai_logprobs(body: Any) -> None:
+    lp = body["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == [pytest.approx(LOG_HALF)] * 2
+
+
+def check_chat_logprobs(body: Any) -> None:
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 2 and all(len(c["top_logprobs"]) == 2 for c in content)
+
+
+def check_json_object(body: Any) -> None:
+    assert body["choices"][0]["message"]["content"].startswith("{")
+
+
+WORKS = [  # (name, path, body, check)
+    ("logprob", "/generate", gen(new=3, return_logprob=True), check_logprob),
+    ("top logprobs", "/generate", gen(new=3, return_logprob=True, top_logprobs_num=3), check_top),
+    ("token-id logprobs", "/generate", gen(new=2, return_logprob=True, token_ids_logprob=[5, 7]),
+     check_token_ids),
+    ("prompt logprobs", "/generate", gen("Hello world, this is", return_logprob=True,
+                                         logprob_start_len=0, top_logprobs_num=2),
+     check_input_logprobs),
+    ("regex", "/generate", gen(new=8, sp={"regex": "[a-c]+"}), check_regex),
+    ("json_schema", "/generate", gen(new=40, sp={"json_schema": BOOL_SCHEMA}), check_schema),
+    ("n > 1", "/generate", gen(new=2, sp={"n": 3}), check_n),
+    ("completions logprobs", "/v1/completions",
+     {"model": "default", "prompt": "Hello", "max_tokens": 2, "logprobs": 1},
+     check_openai_logprobs),
+    ("completions echo logprobs", "/v1/completions",
+     {"model": "default", "prompt": "Hello you", "max_tokens": 2, "logprobs": 1, "echo": True},
+     lambda b: len(b["choices"][0]["logprobs"]["token_logprobs"]) == 4),
+    ("chat top logprobs", "/v1/chat/completions",
+     {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+      "logprobs": True, "top_logprobs": 2}, check_chat_logprobs),
+    ("chat json_object", "/v1/chat/completions",
+     {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+      "response_format": {"type": "json_object"}}, check_json_object),
+]
+REFUSED = [  # (name, path, body, what the 400 names)
+    ("hidden states", "/generate", gen(return_hidden_states=True),
+     "return_hidden_states: not supported by the simulated executor"),
+    ("LoRA name", "/generate", gen(lora_path="my-adapter"), "LoRA adapter 'my-adapter'"),
+    ("completions LoRA", "/v1/completions",
+     {"model": "default:my-adapter", "prompt": "Hello", "max_tokens": 1}, "my-adapter"),
+    ("custom_params text", "/generate", gen(sp={"custom_params": "abc"}),
+     "sampling_params.custom_params: 'abc' is not an object"),
+    ("custom_params list", "/generate", gen(sp={"custom_params": [1, 2]}),
+     "sampling_params.custom_params: [1, 2] is not an object"),
+    ("completions custom_params list", "/v1/completions",
+     {"model": "default", "prompt": "Hello", "max_tokens": 1, "custom_params": [1, 2]},
+     "custom_params"),
+    ("boundary 10^30", "/generate", gen(sp={"custom_params": {"radixflow_boundary": 10 ** 30}}),
+     "sampling_params.custom_params.radixflow_boundary: 1e+30 is outside [0, 1]"),
+]
+
+
+def stop_string_case(base: str) -> tuple[dict, str]:
+    """A stop string taken from the executor's own (deterministic) output."""
+    status, body = post(base, "/generate", gen(new=6, sp={"ignore_eos": True},
+                                               return_logprob=True, return_text_in_logprobs=True))
+    assert status == 200, body
+    stop = body["meta_info"]["output_token_logprobs"][3][2]  # the 4th token's text
+    assert stop and stop in body["text"], body
+    return gen(new=6, sp={"ignore_eos": True, "stop": [stop]}), stop
+
+
+@pytest.mark.slow
+def test_every_request_feature_works_or_is_refused_and_others_are_served(feature_server):
+    base = feature_server.base
+    stop_body, stop = stop_string_case(base)
+    good = {"input_ids": list(range(1000, 1300)),
+            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+    done = threading.Event()
+
+    def good_client() -> list[tuple[int, Any]]:
+        out = []
+        while not done.is_set() or not out:
+            out.append(post(base, "/generate", good))
+        return out
+
+    cases = [(n, p, b) for n, p, b, _ in WORKS + REFUSED] + [("stop", "/generate", stop_body)]
+    with ThreadPoolExecutor(4) as ex:
+        steady = ex.submit(good_client)
+        answers = list(ex.map(lambda c: post(base, c[1], c[2]), cases))
+        done.set()
+        goods = steady.result()
+    feature_server.check_alive("after every request feature")
+    for (name, _, _, check), (status, body) in zip(WORKS, answers, strict=False):
+        assert status == 200, (name, status, body)
+        assert check(body) is not False, (name, body)
+    for (name, _, _, needle), (status, body) in zip(REFUSED, answers[len(WORKS):],
+                                                     strict=False):
+        assert status == 400 and needle in json.dumps(body), (name, status, body)
+    status, body = answers[-1]
+    assert status == 200 and body["meta_info"]["finish_reason"] == {"type": "stop",
+                                                                     "matched": stop}, body
+    assert goods and all(s == 200 and len(b["output_ids"]) == 4 for s, b in goods), goods
+    feature_server.idle_leak_check()

@@ -385,6 +385,8 @@ def test_auto_keeps_the_end_when_the_tail_outweighs_a_round():
 def test_boundary_field_problems_name_the_field():
     from types import SimpleNamespace
 
+    import orjson
+
     from radixflow_sglang.adapter.boundary import FIELD_PATH, boundary_problem
 
     def obj(value):
@@ -400,6 +402,16 @@ def test_boundary_field_problems_name_the_field():
     for bad in (-1, 11):
         assert boundary_problem(obj(bad), ids) == f"{FIELD_PATH}: {bad} is outside [0, 10] " \
                                                   "(the input's token count)"
+    # NOTE: SGLang's JSON parser (orjson) hands an integer beyond 64 bits over as a float
+    big = orjson.loads(b"1000000000000000000000000000000")
+    assert isinstance(big, float)
+    assert boundary_problem(obj(big), ids) == f"{FIELD_PATH}: 1e+30 is outside [0, 10] " \
+                                              "(the input's token count)"
+    for params in ("abc", [1, 2], 7):
+        msg = boundary_problem(SimpleNamespace(sampling_params={"custom_params": params}), ids)
+        assert msg == f"sampling_params.custom_params: {params!r} is not an object; allowed: " \
+                      'a JSON object (e.g. {"radixflow_boundary": 2048}) or null'
+    assert boundary_problem(SimpleNamespace(sampling_params={"custom_params": None}), ids) is None
 
 
 def test_the_setting_names_the_flag_and_the_choices():

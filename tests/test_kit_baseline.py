@@ -253,6 +253,15 @@ SCAN_HOOKS = [
 # the scan the way upstream's empty queue does.
 OVERRIDE = '''\
     def get_new_batch_prefill(self, running_batch) -> NextBatchPlan:
+        if self.chunked_req is None and health_checks_only(self.waiting_queue):
+            # NOTE: a /health poll's 1-token prefill is not scheduling work: SGLang's own
+            # scan runs it, and no RadixFlow counter, trace event or cost sample sees it
+            self.radixflow.health_checks += 1
+            self._radixflow_native = True
+            try:
+                return super().get_new_batch_prefill(running_batch)
+            finally:
+                self._radixflow_native = False
         # NOTE: a held pass still goes through upstream's get_new_batch_prefill, so the
         # PrefillDelayer runs its per-pass all-gather (finalize negotiates "not prefillable",
         # as for an empty queue): under DP attention every rank joins it whatever it holds.
@@ -264,6 +273,9 @@ OVERRIDE = '''\
 '''
 RAW_WRAPPER = '''\
     def _get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch):
+        if self._radixflow_native:
+            return super()._get_new_batch_prefill_raw(prefill_delayer_single_pass,
+                                                      running_batch)
         if self._radixflow_held:
             return None, running_batch  # held: no scan this pass (as upstream's empty queue)
         t0 = time.perf_counter()
@@ -289,7 +301,7 @@ RUN_BATCH = '''\
 PROCESS_RESULT = '''\
     def process_batch_result(self, batch, result):
         out = super().process_batch_result(batch, result)
-        if batch.forward_mode.is_extend():
+        if batch.forward_mode.is_extend() and not health_checks_only(batch.reqs):
             # NOTE: every rank processes the same batches in the same order, so the broadcast
             # inside observe_forward runs on every rank, in order (one per prefill round).
             rows, tokens, pairs = forward_timer.batch_shape(batch)

@@ -157,8 +157,10 @@ def test_the_plugin_says_when_radixflow_is_active_and_with_which_policy():
     lines = [x for x in r.stderr.splitlines() if "RadixFlow active" in x]
     described = policy_spec("traversal").describe()
     assert "state-ready traversal" in described
+    settings = ("policy=traversal admission_ms=off theta=default park_margin=1 frag_cap=2 "
+                "trace=default boundaries=both chat_boundary=off drain_timeout=30.0")
     assert lines == [f"[radixflow] RadixFlow active (plugin): policy traversal: {described}; "
-                     "request checks on"]
+                     f"settings {settings}; request checks on"]
 
 
 def test_launcher_cli_rejects_bad_policy_before_starting_anything():

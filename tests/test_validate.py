@@ -82,6 +82,30 @@ def test_the_error_names_the_request_and_is_a_value_error() -> None:
         check_token_input(obj, obj.input_ids, VOCAB)
 
 
+@pytest.mark.parametrize("fields, named", [
+    ({"return_hidden_states": True}, "return_hidden_states"),
+    ({"lora_path": "adapter"}, "lora_path"),
+    ({"return_sampling_mask": True}, "return_sampling_mask"),
+    ({"sampling_params": {"max_new_tokens": 1, "beam_width": 2}}, "sampling_params.beam_width"),
+])
+def test_the_simulated_executor_refuses_what_it_cannot_produce(fields: dict, named: str) -> None:
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from radixflow_sglang.adapter.validate import executor_problem
+
+    obj = GenerateReqInput(input_ids=[5, 6], **{"sampling_params": {"max_new_tokens": 1},
+                                                 **fields})
+    obj.normalize_batch_and_arguments()
+    msg = executor_problem(obj, "simulated")
+    assert msg.startswith(f"{named}: not supported by the simulated executor "
+                          "(--radixflow-executor simulated: ")
+    assert executor_problem(obj, None) is None  # SGLang's model worker: SGLang decides
+    plain = GenerateReqInput(input_ids=[5, 6], return_logprob=True, top_logprobs_num=2,
+                             sampling_params={"max_new_tokens": 1, "regex": "[a-c]+", "n": 2})
+    plain.normalize_batch_and_arguments()
+    assert all(executor_problem(plain[i], "simulated") is None for i in range(2))
+
+
 def test_install_wraps_upstream_validation_idempotently() -> None:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 

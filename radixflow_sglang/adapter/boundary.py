@@ -26,6 +26,7 @@ The state is SGLang's own tracked state and SGLang's match decides every later r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,8 @@ if TYPE_CHECKING:
 FIELD = "radixflow_boundary"
 KEYS = 16_384  # boundary publications remembered (a group already served)
 MAX_DEFER = 16  # rounds a request may be deferred for the chunk slot (bounds its latency)
-FIELD_PATH = f"sampling_params.custom_params.{FIELD}"
+PARAMS_PATH = "sampling_params.custom_params"
+FIELD_PATH = f"{PARAMS_PATH}.{FIELD}"
 
 
 def declared_boundary(req: Req) -> int | None:
@@ -78,11 +80,18 @@ def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
     """Why this (sub-)request's boundary field is invalid, or None (no field, or a good one)."""
     sp = getattr(obj, "sampling_params", None)
     params = sp.get("custom_params") if isinstance(sp, dict) else None
-    if not isinstance(params, dict) or FIELD not in params:
+    if params is not None and not isinstance(params, dict):
+        # NOTE: SGLang passes any value on and every reader skips a non-object
+        return (f"{PARAMS_PATH}: {params!r} is not an object; allowed: a JSON object (e.g. "
+                f'{{"{FIELD}": 2048}}) or null')
+    if params is None or FIELD not in params:
         return None
     b = params[FIELD]
     n = len(input_ids) if input_ids is not None else None
     allowed = f"[0, {n}] (the input's token count)" if n is not None else ">= 0"
+    if isinstance(b, float) and math.isfinite(b) and b.is_integer() and abs(b) >= 2 ** 63:
+        # NOTE: SGLang's JSON parser (orjson) reads an integer beyond 64 bits as a float
+        return f"{FIELD_PATH}: {b:g} is outside {allowed}"
     if not isinstance(b, int) or isinstance(b, bool):
         return (f"{FIELD_PATH}: {b!r} is not an integer token count; allowed: an integer "
                 f"in {allowed}")

@@ -48,21 +48,27 @@ def run_scheduler_process(*args, **kwargs):
     return _UPSTREAM_RUN(*args, **kwargs)
 
 
-def activate(cfg: RadixFlowConfig, origin: str) -> None:
+def activate(cfg: RadixFlowConfig, origin: str, executor: str | None = None) -> None:
     """Every policy, in each process that loads RadixFlow (launcher: the launching one; plugin:
-    all): the request checks (validate.py), the scheduler class, one log line."""
+    all): the request checks (validate.py; `executor` "simulated" adds its refusals), the
+    bounded SIGTERM drain (drain.py, the launching process), the scheduler class, one log
+    line."""
     from radixflow_sglang.core.boundary import wants
 
     from .validate import install as install_checks
 
-    install_checks()
+    install_checks(executor)
+    if multiprocessing.parent_process() is None:  # NOTE: where SGLang's HTTP server runs
+        from .drain import install as install_drain
+
+        install_drain(cfg.drain_timeout)
     if cfg.policy != "stock" and cfg.chat_boundary == "on" and wants(cfg.boundaries, "declared"):
         from .boundary import install_chat
 
         install_chat()  # NOTE: chat requests declare their system message's end
     install(cfg.policy)
     announce(f"RadixFlow active ({origin}): policy {cfg.policy}: {cfg.spec.describe()}; "
-             "request checks on")
+             f"settings {cfg.describe_settings()}; request checks on")
 
 
 def announce(msg: str) -> None:

@@ -43,6 +43,8 @@ class RadixFlowMetrics:
         self.newcomers.labels(**self.labels)  # NOTE: exported from the start, like quiet
         self.decisions = Counter("radixflow_decisions", "Visit and defer decisions by the rule "
                                  "that made them (core/reasons.py)", [*names, "reason"])
+        for counter in (self.rounds, self.blocked, self.forks, self.held, self.recomputed):
+            counter.labels(**self.labels)  # NOTE: every README series exists before its event
         self.forward = Histogram("radixflow_forward_seconds", "Measured prefill forward time",
                                  names, buckets=FORWARD_BUCKETS)
         self.fit = Gauge("radixflow_round_cost", "Round-cost fit: c = alpha + beta * tokens + "

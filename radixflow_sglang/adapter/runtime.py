@@ -95,6 +95,7 @@ class RadixFlowRuntime:
         self._queued: set[str] = set()
         self._scan: ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
+        self.theta = tcfg.theta  # NOTE: the resolved default, for /server_info
         # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
         self.boundary = BoundaryPublisher(cfg.boundaries if reuse else "off", grid,
                                           cost=lambda: self.cost.coeffs)
@@ -127,6 +128,7 @@ class RadixFlowRuntime:
         self._round_reasons: Counter[Reason] = Counter()
         self._parked_on: Blocking | None = None
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
+        self.health_checks = 0  # prefills of only SGLang's health check, run natively, uncounted
 
     @classmethod
     def for_scheduler(cls, sched: Scheduler, cfg: RadixFlowConfig,
@@ -519,7 +521,8 @@ class RadixFlowRuntime:
             "hit_tokens": t.hit_tokens, "held_iterations": self.held_iterations,
             "overtakes": self.overtakes,
             "wait_set": len(self.traversal.waits) if self.traversal is not None else 0,
-            "boundaries": self.boundary.summary(),
+            "boundaries": self.boundary.summary(), "health_checks": self.health_checks,
+            "settings": {**self.cfg.settings(), "theta": self.theta},
             "reasons": self.reason_counts(),
         }
 

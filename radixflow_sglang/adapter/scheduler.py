@@ -11,6 +11,7 @@ from . import check_sglang_version
 check_sglang_version()
 
 from sglang.srt.managers.scheduler import NextBatchPlan, Scheduler  # noqa: E402
+from sglang.srt.managers.utils import is_health_check_generate_req  # noqa: E402
 
 from . import forward_timer  # noqa: E402
 from .admission import scheduler_sleep  # noqa: E402
@@ -26,6 +27,7 @@ class RadixFlowScheduler(Scheduler):
     radixflow_config: RadixFlowConfig | None = None  # None: read from the environment
     _radixflow: RadixFlowRuntime | None = None
     _radixflow_held = False  # this pass's hold decision (read by _get_new_batch_prefill_raw)
+    _radixflow_native = False  # this pass runs SGLang's own scan (health checks only)
 
     @property
     def radixflow(self) -> RadixFlowRuntime:
@@ -58,7 +60,7 @@ class RadixFlowScheduler(Scheduler):
 
     def process_batch_result(self, batch, result):
         out = super().process_batch_result(batch, result)
-        if batch.forward_mode.is_extend():
+        if batch.forward_mode.is_extend() and not health_checks_only(batch.reqs):
             # NOTE: every rank processes the same batches in the same order, so the broadcast
             # inside observe_forward runs on every rank, in order (one per prefill round).
             rows, tokens, pairs = forward_timer.batch_shape(batch)
@@ -89,6 +91,15 @@ class RadixFlowScheduler(Scheduler):
         return out
 
     def get_new_batch_prefill(self, running_batch) -> NextBatchPlan:
+        if self.chunked_req is None and health_checks_only(self.waiting_queue):
+            # NOTE: a /health poll's 1-token prefill is not scheduling work: SGLang's own
+            # scan runs it, and no RadixFlow counter, trace event or cost sample sees it
+            self.radixflow.health_checks += 1
+            self._radixflow_native = True
+            try:
+                return super().get_new_batch_prefill(running_batch)
+            finally:
+                self._radixflow_native = False
         # NOTE: a held pass still goes through upstream's get_new_batch_prefill, so the
         # PrefillDelayer runs its per-pass all-gather (finalize negotiates "not prefillable",
         # as for an empty queue): under DP attention every rank joins it whatever it holds.
@@ -99,6 +110,9 @@ class RadixFlowScheduler(Scheduler):
             self._radixflow_held = False
 
     def _get_new_batch_prefill_raw(self, prefill_delayer_single_pass, running_batch):
+        if self._radixflow_native:
+            return super()._get_new_batch_prefill_raw(prefill_delayer_single_pass,
+                                                      running_batch)
         if self._radixflow_held:
             return None, running_batch  # held: no scan this pass (as upstream's empty queue)
         t0 = time.perf_counter()
@@ -109,3 +123,9 @@ class RadixFlowScheduler(Scheduler):
             # host time a round adds without overlap (core/cost.py RoundView.host_s)
             setattr(ret, _HOST, time.perf_counter() - t0)
         return ret, running_batch
+
+
+def health_checks_only(reqs) -> bool:
+    """Every request is SGLang's health check (entrypoints/http_server.py `health_generate`:
+    rid HEALTH_CHECK_RID_PREFIX..., managers/utils.py `is_health_check_generate_req`)."""
+    return bool(reqs) and all(is_health_check_generate_req(r) for r in reqs)

@@ -28,7 +28,7 @@ import os
 import time
 from types import SimpleNamespace
 
-from . import check_sglang_version
+from . import check_sglang_version, sim_outputs
 from .forward_timer import SIM_ATTR
 from .pools import cpu_pools
 
@@ -192,6 +192,7 @@ class SimulatedWorker(TpModelWorker):
         result = GenerationBatchResult(
             next_token_ids=torch.tensor(ids, dtype=torch.int64), can_run_cuda_graph=False
         )
+        sim_outputs.attach(result, batch, self.vocab, self.enable_overlap)  # logprobs, grammar
         cost = self.cost(tokens, len(reqs))
         left = cost - (time.perf_counter() - t0)
         if left > 0:
@@ -264,7 +265,10 @@ def launch_simulated_server(argv: list[str]) -> None:
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.server_args import prepare_server_args
 
+    from .validate import install as install_checks
+
     allow_extra_buffer_on_cpu()
+    install_checks("simulated")  # NOTE: 400 for what this executor cannot produce
     launch_server(prepare_server_args(argv),
                   run_scheduler_process_func=run_scheduler_process_simulated)
 

@@ -12,7 +12,9 @@ map it the same way). Before upstream's own checks we reject
   io_struct.py `_determine_batch_size` sees neither text "" nor an empty item of a batch);
 - a token id outside [0, vocab): a real model indexes its embedding with it;
 - a bad publication boundary `sampling_params.custom_params.radixflow_boundary` (not an
-  integer in [0, input length]; adapter/boundary.py).
+  integer in [0, input length]), or a `custom_params` that is not an object (adapter/boundary.py);
+- under the simulated executor, a feature it cannot produce (hidden states, LoRA, ...:
+  `SIMULATED_LACKS`), naming the field and the executor.
 
 A session request (session_params with an id) may be empty here: the scheduler rebuilds its
 prompt from the session and rejects it itself if still empty (io_struct.py, same function).
@@ -73,16 +75,57 @@ def check_token_input(obj: Any, input_ids: list[int] | None, vocab_size: int) ->
         raise ValueError(f"request {rid!r}: {problem}" if isinstance(rid, str) else problem)
 
 
+# NOTE: what a simulated forward cannot produce (it has tokens, no logits, hidden states or
+# adapters): field -> why. Logprobs and grammars it does produce (adapter/sim_outputs.py).
+SIMULATED_LACKS = {
+    "return_hidden_states": "it computes no hidden states",
+    "return_sampling_mask": "it samples from no logits",
+    "return_entropy": "it samples from no logits",
+    "return_routed_experts": "it routes no experts",
+    "return_indexer_topk": "it runs no attention indexer",
+    "lora_path": "it runs no LoRA adapters",
+    "lora_id": "it runs no LoRA adapters",
+    "custom_logit_processor": "it produces no logits to process",
+    "input_embeds": "it reads token ids only",
+    "image_data": "it runs no multimodal encoder",
+    "video_data": "it runs no multimodal encoder",
+    "audio_data": "it runs no multimodal encoder",
+}
+_executor: str | None = None  # the launcher's executor; None: SGLang's model worker
+
+
+def executor_problem(obj: Any, executor: str | None) -> str | None:
+    """Why `executor` cannot serve this (sub-)request, or None."""
+    if executor != "simulated":
+        return None
+    lacks = ("not supported by the simulated executor (--radixflow-executor simulated: {}); "
+             "serve on a GPU (--radixflow-executor model) for it")
+    for field, why in SIMULATED_LACKS.items():
+        if getattr(obj, field, None):
+            return f"{field}: {lacks.format(why)}"
+    sp = getattr(obj, "sampling_params", None)
+    width = sp.get("beam_width") if isinstance(sp, dict) else None
+    if isinstance(width, int) and width > 1:
+        return f"sampling_params.beam_width: {lacks.format('it scores no beams')}"
+    return None
+
+
 def _validate_one_request(self: TokenizerManager, obj: Any, input_ids: list[int]) -> None:
     check_token_input(obj, input_ids, self.model_config.vocab_size)
     problem = boundary_problem(obj, input_ids)  # NOTE: the boundary field (adapter/boundary.py)
+    if problem is None:
+        problem = executor_problem(obj, _executor)
     if problem is not None:
         raise ValueError(problem)
     _UPSTREAM_VALIDATE(self, obj, input_ids)
 
 
-def install() -> None:
-    """Idempotent; patches the class, so a TokenizerManager built later is covered too."""
+def install(executor: str | None = None) -> None:
+    """Idempotent; patches the class, so a TokenizerManager built later is covered too.
+    `executor`: "simulated" refuses what the simulated executor cannot produce."""
+    global _executor
+    if executor is not None:  # NOTE: the plugin's later install keeps the launcher's executor
+        _executor = executor
     TokenizerManager._validate_one_request = _validate_one_request
 
 
