@@ -28,6 +28,7 @@ the request with "Grammar accept_token failed"). `attach` supplies both:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -132,13 +133,17 @@ def finish_result(batch: Any, next_token_ids: torch.Tensor,
     return ids, logits_output(batch, ids, vocab)
 
 
-def attach(result: Any, batch: Any, vocab: int, overlap: bool) -> None:
+def attach(result: Any, batch: Any, vocab: int, overlap: bool,
+           on_final: Callable[[torch.Tensor], None] | None = None) -> None:
     """Complete a token-only `GenerationBatchResult` in place (now, or, under overlap with a
-    grammar in the batch, when the scheduler runs its `delay_sample_func`)."""
+    grammar in the batch, when the scheduler runs its `delay_sample_func`). `on_final` sees
+    the final ids (the executor's, where the grammar allows them)."""
 
     def finish() -> Any:
         result.next_token_ids, result.logits_output = finish_result(
             batch, result.next_token_ids, vocab)
+        if on_final is not None:
+            on_final(result.next_token_ids)
         return result
 
     if overlap and has_grammars(batch):

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 from . import check_sglang_version, sim_outputs
 from .forward_timer import SIM_ATTR
 from .pools import cpu_pools
+from .witness import Witness, witness_metrics
 
 check_sglang_version()
 
@@ -40,7 +41,6 @@ from sglang.srt.configs.hybrid_arch import mambaish_config  # noqa: E402
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (  # noqa: E402
     NgramEmbeddingManager,
 )
@@ -86,7 +86,21 @@ def run_scheduler_process_simulated(*args, **kwargs):
     # locking only speeds host-to-device copies, and here the "device" is the host.
     if not torch.cuda.is_available():
         torch.Tensor.pin_memory = lambda self, *a, **k: self
+    # PATCH 4: managers/scheduler.py Scheduler.get_internal_state: /server_info carries the
+    # witness executor's counts (internal_states[i].witness), under every policy.
+    _UPSTREAM_SCHEDULER.get_internal_state = _with_witness(_UPSTREAM_SCHEDULER.get_internal_state)
     return _UPSTREAM_RUN(*args, **kwargs)
+
+
+def _with_witness(upstream):
+    def get_internal_state(self, recv_req):
+        out = upstream(self, recv_req)
+        witness = getattr(self.tp_worker, "witness", None)
+        if witness is not None:
+            out.internal_state["witness"] = witness.stats.as_dict()
+        return out
+
+    return get_internal_state
 
 
 def _init_tp_model_worker(self) -> None:
@@ -171,6 +185,15 @@ class SimulatedWorker(TpModelWorker):
         self.hicache_layer_transfer_counter = None
         self.cost = CostModel()
         self.vocab = self.model_config.vocab_size
+        self.witness: Witness | None = None  # built on the first forward (the pools exist then)
+
+    def _make_witness(self) -> Witness:
+        mr = self._model_runner
+        chunk = getattr(self.model_config.hf_text_config, "mamba_chunk_size", 64)
+        # NOTE: not strict: a served mismatch is counted, logged and shown in /server_info
+        self.witness = Witness(mr.req_to_token_pool, mr.token_to_kv_pool, self.vocab, chunk,
+                               strict=False, metrics=witness_metrics(self.server_args.enable_metrics))
+        return self.witness
 
     # --- the forward -------------------------------------------------------------------
     gate = None  # a testing.gate.ForwardGate when RADIXFLOW_SIM_GATE is set
@@ -180,43 +203,24 @@ class SimulatedWorker(TpModelWorker):
             self.gate.hold(batch)
         t0 = time.perf_counter()
         reqs = batch.reqs
-        if batch.forward_mode.is_extend():
-            _run_deferred_mamba_cow(self._model_runner.req_to_token_pool, batch)
-            tokens = int(batch.extend_num_tokens)
-        else:
-            tokens = len(reqs)
-        # Deterministic token: (sum of prompt ids + sequence length) mod vocab. Sequence length,
-        # not output_ids, so overlap scheduling (outputs appended a step late) gives the same.
-        seq_lens = batch.seq_lens_cpu.tolist()
-        ids = [(_prompt_sum(r) + n) % self.vocab for r, n in zip(reqs, seq_lens, strict=True)]
+        tokens = int(batch.extend_num_tokens) if batch.forward_mode.is_extend() else len(reqs)
+        # NOTE: the witness runs the deferred clear / copy-on-write, checks every state it is
+        # handed against its prefix and picks a token from the state it computed (witness.py)
+        witness = self.witness or self._make_witness()
+        ids = witness.forward(batch)
         result = GenerationBatchResult(
             next_token_ids=torch.tensor(ids, dtype=torch.int64), can_run_cuda_graph=False
         )
-        sim_outputs.attach(result, batch, self.vocab, self.enable_overlap)  # logprobs, grammar
+        result._radixflow_witness_ids = ids
+        sim_outputs.attach(result, batch, self.vocab, self.enable_overlap,  # logprobs, grammar
+                           on_final=lambda final: witness.amend(batch, ids, final))
+        witness.publish_metrics()
         cost = self.cost(tokens, len(reqs))
         left = cost - (time.perf_counter() - t0)
         if left > 0:
             time.sleep(left)
         setattr(result, SIM_ATTR, cost)  # NOTE: the forward's duration, for the round-cost fit
         return result
-
-
-def _prompt_sum(req) -> int:
-    s = getattr(req, "_radixflow_sim_sum", None)
-    if s is None:
-        s = req._radixflow_sim_sum = sum(req.origin_input_ids)
-    return s
-
-
-def _run_deferred_mamba_cow(pool, batch) -> None:
-    """model_runner.py ModelRunner._maybe_execute_deferred_mamba_cow_and_clear, on CPU."""
-    if not isinstance(pool, HybridReqToTokenPool):
-        return
-    if batch.mamba_clear_indices is not None and len(batch.mamba_clear_indices):
-        pool.mamba_pool.clear_slots(pool.translate_mamba_indices(batch.mamba_clear_indices))
-    if batch.mamba_cow_src_indices is not None and len(batch.mamba_cow_src_indices):
-        pool.copy_mamba_state(pool.translate_mamba_indices(batch.mamba_cow_src_indices),
-                              pool.translate_mamba_indices(batch.mamba_cow_dst_indices))
 
 
 def build_pools(mr: _SimRunner) -> None:

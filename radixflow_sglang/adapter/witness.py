@@ -87,8 +87,10 @@ class Witness:
     """Runs a batch's forward over SGLang's real pools (CPU tensors)."""
 
     def __init__(self, req_to_token_pool, kv_pool, vocab: int, state_chunk: int,
-                 strict: bool = True) -> None:
+                 strict: bool = True, metrics: WitnessMetrics | None = None) -> None:
         self.r2t = req_to_token_pool
+        self.metrics = metrics
+        self._published = (0, 0, 0)
         self.vocab, self.state_chunk, self.strict = vocab, state_chunk, strict
         self.hasher = Hasher()
         self.stats = WitnessStats()
@@ -177,6 +179,24 @@ class Witness:
             out.append(tok)
         return out
 
+    def amend(self, batch, ids: list[int], final) -> None:
+        """The tokens SGLang finally samples where they differ from the witness's (a grammar's
+        mask replaced them, sim_outputs.py): the next decode step reads the final one."""
+        for req, mine, got in zip(batch.reqs, ids, [int(x) for x in final], strict=True):
+            rec = getattr(req, _ATTR, None)
+            if got != mine and rec is not None and len(rec.toks) and int(rec.toks[-1]) == mine:
+                rec.toks = np.append(rec.toks[:-1], got)
+
+    def publish_metrics(self) -> None:
+        """Move the Prometheus counters by what changed since the last call."""
+        if self.metrics is None:
+            return
+        now = (self.stats.requests, self.stats.mismatched, self.stats.states_checked)
+        for counter, new, old in zip(self.metrics.counters(), now, self._published, strict=True):
+            if new > old:
+                counter.inc(new - old)
+        self._published = now
+
     # --- pieces ----------------------------------------------------------------------------
     def _seq(self, req) -> _Seq:
         rec = getattr(req, _ATTR, None)
@@ -249,6 +269,31 @@ class Witness:
         if self.strict:
             raise WitnessMismatch(msg)
         logger.error(msg)
+
+
+@dataclass
+class WitnessMetrics:
+    """Prometheus counters of a served witness (radixflow_witness_*_total)."""
+
+    requests: object
+    mismatched: object
+    states_checked: object
+
+    def counters(self) -> tuple:
+        return self.requests, self.mismatched, self.states_checked
+
+
+def witness_metrics(enabled: bool) -> WitnessMetrics | None:
+    """The counters, when the server exports metrics (--enable-metrics)."""
+    if not enabled:
+        return None
+    from prometheus_client import Counter
+
+    return WitnessMetrics(
+        Counter("radixflow_witness_requests", "Requests the witness executor computed"),
+        Counter("radixflow_witness_mismatched", "Requests handed a state that is not the state "
+                "of their prefix (witness executor)"),
+        Counter("radixflow_witness_states_checked", "Recurrent states the witness checked"))
 
 
 def run_deferred_mamba_cow(pool, batch) -> None:
