@@ -57,9 +57,11 @@ class LiveArm:
 # --------------------------------------------------------------------------------------------
 
 
-def first_token(r: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, Any, str]:
+def generated(r: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    """Every generated id (with the witness executor they depend on every state a request
+    computed from), else the text the frontend returns."""
     if r.get("output_ids") and b.get("output_ids"):
-        return r["output_ids"][0], b["output_ids"][0], "token id"
+        return list(r["output_ids"]), list(b["output_ids"]), "token ids"
     return r.get("text"), b.get("text"), "text"
 
 
@@ -73,7 +75,7 @@ def audit_arm(rows: Sequence[Mapping[str, Any]],
         if b is None or r.get("error") or r.get("done_s") is None:
             missing += 1
             continue
-        mine, theirs, kind = first_token(r, b)
+        mine, theirs, kind = generated(r, b)
         how.add(kind)
         compared += 1
         same_input = r.get("prompt_tokens") == b.get("prompt_tokens")
@@ -92,7 +94,7 @@ def audit_arm(rows: Sequence[Mapping[str, Any]],
 
 
 def audit(arms: Mapping[str, LiveArm], base: str = BASELINE) -> dict[str, Any]:
-    """Exact first-token comparison per branch against the stock arm; differing pairs kept."""
+    """Exact output comparison per branch against the stock arm; differing pairs kept."""
     if base not in arms or not arms[base].records:
         return {"ran": False, "baseline": base,
                 "reason": f"no {base} records" + (f" ({arms[base].error})"
@@ -296,7 +298,7 @@ def fork_lines(forks: Mapping[str, LiveArm], aud: Mapping[str, Any]) -> list[str
                 lines.append(f"- output audit {name} vs stock-fork: not run ({a['reason']})")
             else:
                 lines.append(f"- output audit {name} vs stock-fork: {a['agreed']} of "
-                             f"{a['compared']} first tokens agree, {a['differing']} differ, "
+                             f"{a['compared']} outputs agree, {a['differing']} differ, "
                              f"{a['prompt_length_differs']} prompt lengths differ")
         lines.append("")
     return lines
@@ -340,8 +342,8 @@ def audit_lines(aud: Mapping[str, Any]) -> list[str]:
                      ", ".join(a["compared_by"])])
     lines = table(["arm", "compared", "agreed", "differing", "missing", "prompt length differs",
                     "compared by"], rows)
-    lines += ["", "Exact first generated token per branch vs the stock arm (token id when both "
-              "have output_ids, else the text the frontend returns). Differing pairs are all "
+    lines += ["", "Exact generated ids per branch vs the stock arm (every id when both have "
+              "output_ids, else the text the frontend returns). Differing pairs are all "
               "in audit.json. The fork arm's prompts are re-tokenized text, so its prompt "
               "lengths (and, with the simulated executor, its tokens) can differ by "
               "construction.", ""]

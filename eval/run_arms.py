@@ -380,6 +380,7 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
             sched_cpu = bench_arm.scheduler_cpu_s(srv.proc.pid) - cpu0
             batches = prefill_log_lines(arm_dir / "server.log")[len(log_mark):]
             leaks = srv.idle_leak_check()
+            witness = served_witness(http_json(srv.base + "/server_info"))
         arm.records = client.read_jsonl(raw_path)
         trace = client.load_trace(trace_path) if spec.traced else None
         if spec.traced and trace is None:
@@ -391,6 +392,11 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
         # NOTE: the scheduler's host time over the replay, read from the OS for every arm
         arm.metrics["scheduler_cpu_s"] = sched_cpu
         arm.metrics["server_start_attempts"] = srv.start_attempts
+        if witness is not None:
+            arm.metrics["witness"] = witness
+            if witness["mismatched"]:
+                raise ServerError(f"witness: {witness['mismatched']} requests handed a wrong "
+                                  f"state: {witness['first_mismatches'][:3]}")
     except Exception as e:  # noqa: BLE001 - the arm fails with its error, never filled in
         arm.error_detail = f"{type(e).__name__}: {e}"
         arm.error = one_line(arm.error_detail)  # NOTE: it goes in tables
@@ -398,6 +404,18 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
             arm.records = client.read_jsonl(raw_path)
     arm.wall_s = time.perf_counter() - t0
     return arm
+
+
+def served_witness(info: dict) -> dict | None:
+    """The simulated executor's witness counts (adapter/witness.py), summed over ranks; None
+    for a model executor."""
+    states = [s["witness"] for s in info.get("internal_states") or () if s.get("witness")]
+    if not states:
+        return None
+    out = {k: sum(s[k] for s in states) for k in ("requests", "verified", "mismatched",
+                                                 "resumed", "states_checked")}
+    out["first_mismatches"] = [m for s in states for m in s["first_mismatches"]]
+    return out
 
 
 def one_line(text: str, head: int = 400, tail: int = 2600) -> str:

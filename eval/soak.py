@@ -42,6 +42,7 @@ import json
 import random
 import sys
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -127,6 +128,8 @@ class SoakConfig:
     abort_frac: float = 0.05
     retract_prob: float = 0.05  # per in-flight request and step, with overlap only
     seed: int = 0
+    page_size: int = 1  # KV page (extra_buffer only, as SGLang)
+    max_new_tokens: int = 1  # each request generates 1..this many ids (decode, retract_decode)
 
 
 
@@ -150,7 +153,7 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
         slots = cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows, cfg.overlap)
         kit = Kit(KitConfig(model=cfg.model, layout=cfg.layout, rows=cfg.rows, tokens=cfg.tokens,
                             kv_tokens=cfg.kv_tokens, mamba_slots=slots if geo_hybrid else None,
-                            overlap=cfg.overlap),
+                            overlap=cfg.overlap, page_size=cfg.page_size),
                   policy=policy, clock=clock, sleep=clock.sleep)
         h = Harness(kit, clock)
         cost = default_cost(cfg.model)
@@ -160,7 +163,11 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
 
         def submit(a: Arrival) -> None:
             for rid, ids, after in zip(a.rids, a.ids, a.abort_after, strict=True):
-                h.submit(rid, ids, a.namespace)
+                # NOTE: outputs without ignore_eos: SGLang's admission reserves its new-token
+                # ratio only, so decode can run out of KV and retract_decode sends requests back
+                new = 1 + zlib.crc32(rid.encode()) % cfg.max_new_tokens
+                h.submit(rid, ids, a.namespace, max_new_tokens=new,
+                         ignore_eos=cfg.max_new_tokens == 1)
                 if after is not None:
                     abort_at[rid] = h.steps + after
 
@@ -182,7 +189,8 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
                     if rng.random() < cfg.retract_prob:
                         h.retract(req)
 
-        loop = VirtualLoop(kit, lambda rnd: cost.batch(rnd.extend, rnd.prefix), stepper=h,
+        loop = VirtualLoop(kit, lambda rnd: cost.step(rnd) if rnd.mode == "decode"
+                           else cost.batch(rnd.extend, rnd.prefix), stepper=h,
                            clock=clock, log=h.completions, before_step=before_step,
                            on_complete=ended, label=policy)
         now = loop.run(arrivals, lambda a: a.t, submit)
@@ -244,11 +252,22 @@ def summarize(policy: str, h: Harness, leaks: dict[str, int], kit: Any, cfg: Soa
         "mamba_slots": kit.mamba_total,
         "peak_mamba_used": h.peak_mamba_used,
         "virtual_s": round(virtual_s, 3),
+        **_witness(kit),
         "violations": h.violations.total(),
         "violation_kinds": dict(h.violations.count),
         "violation_examples": h.violations.examples,
         "wall_s": round(wall_s, 2),
     }
+
+
+def _witness(kit: Any) -> dict[str, Any]:
+    """The witness executor's counts (a mismatch has already failed the run: it is strict)."""
+    if kit.witness is None:
+        return {}
+    w = kit.witness.stats
+    return {"witness_requests": w.requests, "witness_verified": w.verified,
+            "witness_mismatched": w.mismatched, "witness_resumed": w.resumed,
+            "witness_states_checked": w.states_checked}
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "overlap: testing.harness.mamba_slots_for)")
     mamba.add_argument("--mamba-extra", type=_count, default=0,
                        help="mamba pool = that minimum + this many slots (default 0)")
+    p.add_argument("--page-size", type=cli.positive(int, "an integer"), default=1,
+                   help="KV page size (extra_buffer only, as SGLang)")
+    p.add_argument("--max-new-tokens", type=cli.positive(int, "an integer"), default=1,
+                   help="each request generates 1..N ids (N > 1: decode, without ignore_eos, "
+                        "so retract_decode runs when KV runs out)")
     p.add_argument("--rows", type=cli.positive(int, "an integer"), default=SoakConfig.rows)
     p.add_argument("--tokens", type=cli.positive(int, "an integer"), default=SoakConfig.tokens)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -320,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         mamba_slots = mamba_slots_for(args.layout, args.rows, args.overlap) + args.mamba_extra
     cfg = SoakConfig(model=args.model, layout=args.layout, overlap=args.overlap, rows=args.rows,
                      tokens=args.tokens, kv_tokens=args.kv_tokens, mamba_slots=mamba_slots,
-                     rate=args.rate, abort_frac=args.abort_frac, seed=args.seed)
+                     rate=args.rate, abort_frac=args.abort_frac, seed=args.seed,
+                     page_size=args.page_size, max_new_tokens=args.max_new_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -378,6 +403,8 @@ def run_all(args: argparse.Namespace, cfg: SoakConfig, arrivals: list[Arrival],
                   f"stale_cow={res['stale_cow_sources']} wait={res['longest_wait_rounds']} "
                   f"scan ms {res['scan_cpu_ms_per_round_first_decile']:.3f}->"
                   f"{res['scan_cpu_ms_per_round_last_decile']:.3f} "
+                  f"witness {res.get('witness_verified', '-')} verified "
+                  f"{res.get('witness_mismatched', '-')} mismatched "
                   f"violations={res['violations']} ({res['wall_s']:.1f}s)", file=sys.stderr)
 
 

@@ -210,7 +210,7 @@ def test_fork_comparison_and_bench_land_in_summary_and_report(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "## Frontend program: stock-fork vs radixflow-fork" in report
     assert "| radixflow-fork | 1,000 | 0.25x | 4 | 1.00x | 0.250 | 0.50x |" in report
-    assert "2 of 2 first tokens agree" in report
+    assert "2 of 2 outputs agree" in report
     assert "## bench_serving" in report and "### gsp" in report
     assert "| radixflow | 4 | 320 | 0.56x | 1.00 |" in report
     assert "`bench gsp radixflow`" in report

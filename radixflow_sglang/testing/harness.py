@@ -129,6 +129,8 @@ class Harness:
         self.kit.drop_running(req)  # NOTE: as retract_decode, it leaves the running batch
         self.retracted.append((req, batch))
         self._end.pop(req.rid, None)  # it restarts from whatever the cache then holds
+        # NOTE: it re-prefills its input and the ids it generated (with outputs > 1)
+        self.lengths[req.rid] = len(req.origin_input_ids) + len(req.output_ids)
         self.retractions += 1
 
     def _decode_retracted(self, req: Any) -> None:
