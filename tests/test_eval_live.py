@@ -149,7 +149,7 @@ def test_audit_keeps_differing_pairs():
     aud = arms_report.audit({"stock": base, "radixflow": other})
     a = aud["arms"]["radixflow"]
     assert aud["ran"] and a["compared"] == 8 and a["agreed"] == 7 and a["differing"] == 1
-    assert a["pairs"][0]["arm"] == 999 and a["pairs"][0]["stock"] == 8
+    assert a["pairs"][0]["arm"] == [999] and a["pairs"][0]["stock"] == [8]
     assert not arms_report.audit({"radixflow": other})["ran"]
 
 

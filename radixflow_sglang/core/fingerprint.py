@@ -16,11 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# NOTE: P < 2**24 and token ids < 2**18 keep each term below 2**42, so int64 cumsums are exact
-# for sequences up to 2**21 tokens.
+# NOTE: terms are reduced mod P < 2**24, so int64 cumsums are exact for sequences up to 2**21
+# tokens. A token enters as (t mod P) + 1: two ids collide in both hashes only if they differ by a
+# multiple of P1 * P2 (> 2**47), far beyond any vocabulary (ids are < MAX_TOKEN, the KV words).
 _P = (16_777_213, 16_777_199)  # primes below 2**24
 _R = (1_000_003, 911_382_323 % 16_777_199)
-MAX_TOKEN = 1 << 18
+MAX_TOKEN = 1 << 28
 MAX_LEN = 1 << 21
 TAG = 0x2A5A  # marks a written fingerprint (a cleared slot reads 0)
 WORDS = 7  # TAG, n (2 words), H1 (2), H2 (2)
@@ -73,11 +74,11 @@ class Hasher:
         return table[:end]
 
     def terms(self, tokens: np.ndarray, start: int, k: int) -> np.ndarray:
-        """(t_i + 1) * R_k**(start + i), unreduced (each < 2**42)."""
+        """(t_i mod P_k + 1) * R_k**(start + i) mod P_k."""
         tok = np.asarray(tokens, dtype=np.int64)
         if len(tok) and (tok.min() < 0 or tok.max() >= MAX_TOKEN):
             raise ValueError(f"fingerprint: token id outside [0, {MAX_TOKEN})")
-        return (tok + 1) * self.powers(k, start + len(tok))[start:]
+        return (tok % _P[k] + 1) * self.powers(k, start + len(tok))[start:] % _P[k]
 
     def prefix_table(self, tokens) -> tuple[np.ndarray, np.ndarray]:
         """Cumulative hashes: entry j covers tokens[:j + 1] (reduce mod P when reading)."""
@@ -103,7 +104,7 @@ class Hasher:
         """`fp` advanced by one token at `pos` (a decode step)."""
         if not 0 <= token < MAX_TOKEN:
             raise ValueError(f"fingerprint: token id {token} outside [0, {MAX_TOKEN})")
-        h = [(v + (token + 1) * int(self.powers(k, pos + 1)[pos])) % _P[k]
+        h = [(v + (token % _P[k] + 1) * int(self.powers(k, pos + 1)[pos])) % _P[k]
              for k, v in enumerate((fp.h1, fp.h2))]
         return Fp(fp.n + 1, h[0], h[1])
 
