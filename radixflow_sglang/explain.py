@@ -1,6 +1,7 @@
 """Explain a RadixFlow trace, request by request.
 
     python -m radixflow_sglang.explain TRACE [--rid RID]
+    python -m radixflow_sglang.explain --rulebook
 
 TRACE is a JSONL file written by a server's `--radixflow-trace PATH` or by
 `python -m eval.replay --trace DIR` (DIR/POLICY.jsonl). For every request (or only RID) it prints
@@ -9,7 +10,7 @@ that made it (core/reasons.py: `park` events for the VISIT decision point, `defe
 the costs the wait rule compared (`decide`), the producer and depth it waited for (`parked`),
 the depth it resumed from and where it publishes its own state (`admitted`), and when it was
 selected. A DP server's ranks share one file: each event carries its `dp_rank`, and requests are
-told apart by rank.
+told apart by rank. `--rulebook` prints the rules in order (docs/design.md's first table).
 """
 
 from __future__ import annotations
@@ -104,9 +105,17 @@ def explain(path: str | Path, rid: str | None = None, out: TextIO | None = None)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m radixflow_sglang.explain",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("trace", help="a --radixflow-trace / eval.replay --trace JSONL file")
+    p.add_argument("trace", nargs="?", help="a --radixflow-trace / eval.replay --trace JSONL file")
     p.add_argument("--rid", default=None, help="only this request")
+    p.add_argument("--rulebook", action="store_true", help="print the rulebook and exit")
     a = p.parse_args(argv)
+    if a.rulebook:
+        from radixflow_sglang.core.reasons import rulebook_table
+
+        sys.stdout.write(rulebook_table())
+        return 0
+    if a.trace is None:
+        p.error("a TRACE is needed (or --rulebook)")
     if not Path(a.trace).is_file():
         p.error(f"{a.trace}: no such file")
     n = explain(a.trace, a.rid)

@@ -43,3 +43,11 @@ def test_explain_one_request(tmp_path):
     assert text.splitlines()[0] == "a: first seen in round 1"
     assert "visit: park (wait_wins)" in text and "resumes from depth 2048" in text
     assert "b:" not in text
+
+
+def test_explain_prints_the_rulebook(capsys):
+    from radixflow_sglang.core.reasons import RULEBOOK
+
+    assert explain.main(["--rulebook"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line[2:3].isdigit()]
+    assert len(rows) == len(RULEBOOK) and "`none`" in rows[0]

@@ -137,3 +137,12 @@ RULEBOOK: tuple[Rule, ...] = (
 def rules(point: str) -> tuple[Rule, ...]:
     """One decision point's rules, in order."""
     return tuple(r for r in RULEBOOK if r.point == point)
+
+
+def rulebook_table() -> str:
+    """The rulebook as docs/design.md's table (`python -m radixflow_sglang.explain --rulebook`
+    prints it; tests/test_reasons.py checks the design carries it verbatim)."""
+    head = ["| # | point | rule (reason) | action | says |", "|---|---|---|---|---|"]
+    rows = [f"| {n} | {r.point} | `{r.reason.value}` | {r.action.value} | {r.says} |"
+            for n, r in enumerate(RULEBOOK, 1)]
+    return "\n".join(head + rows) + "\n"
