@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -118,7 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("a TRACE is needed (or --rulebook)")
     if not Path(a.trace).is_file():
         p.error(f"{a.trace}: no such file")
-    n = explain(a.trace, a.rid)
+    try:
+        n = explain(a.trace, a.rid)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # NOTE: the reader stopped (`| head`): no traceback; stdout to devnull so the
+        # interpreter's own flush at exit does not raise again (Python's signal docs)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if n == 0:
         print(f"no request events{' for ' + a.rid if a.rid else ''} in {a.trace} (a trace "
               "written before reasons were traced has none)", file=sys.stderr)

@@ -51,3 +51,19 @@ def test_explain_prints_the_rulebook(capsys):
     assert explain.main(["--rulebook"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line[2:3].isdigit()]
     assert len(rows) == len(RULEBOOK) and "`none`" in rows[0]
+
+
+def test_explain_piped_into_head_prints_no_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.jsonl"
+    rows = ({"event": "park", "round": n, "rid": f"r{n}", "action": "native",
+             "reason": "no_sharer"} for n in range(20_000))  # NOTE: past a pipe's buffer
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = subprocess.Popen([sys.executable, "-m", "radixflow_sglang.explain", str(path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline().startswith(b"r0:")
+    p.stdout.close()  # NOTE: what `head -1` does after its line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and "Traceback" not in err and "BrokenPipe" not in err

@@ -512,6 +512,7 @@ class RadixFlowRuntime:
             "wait_set": len(self.traversal.waits) if self.traversal is not None else 0,
             "boundaries": self.boundary.summary(),
             "reasons": self.reason_counts(),
+            "hold_reasons": self.hold_reason_counts(),
         }
 
     def reason_counts(self) -> dict[str, int]:
@@ -519,6 +520,15 @@ class RadixFlowRuntime:
         is the number of decisions: one per `park` and one per `defer` call)."""
         return {r.reason.value: self.reasons[r.reason] for r in RULEBOOK
                 if self.reasons[r.reason]}
+
+    def hold_reason_counts(self) -> dict[str, int]:
+        """The admission hold's decisions so far by reason, in the rulebook's order: one per
+        scheduler pass that found fresh requests to hold or release (many passes per round
+        while a hold lasts), so they are kept apart from `reasons`."""
+        if self.admission is None:
+            return {}
+        counts = self.admission.reasons
+        return {r.reason.value: counts[r.reason] for r in RULEBOOK if counts[r.reason]}
 
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
     def hold(self, sched: Scheduler, running_batch) -> bool:

@@ -13,8 +13,9 @@ rules in the same order with the same names):
 
 Each decision point applies its rules top to bottom and the first that fires decides: its
 `Reason` travels with the decision into the trace (`park` / `defer` / `decide` events), the
-runtime's counts (`/server_info` `radixflow.reasons`, Prometheus `radixflow_decisions{reason}`)
-and `python -m radixflow_sglang.explain`. Pure Python, no SGLang import.
+runtime's counts (`/server_info` `radixflow.reasons`, Prometheus `radixflow_decisions{reason}`;
+HOLD decisions, one per scheduler pass, apart in `radixflow.hold_reasons`) and
+`python -m radixflow_sglang.explain`. Pure Python, no SGLang import.
 """
 
 from __future__ import annotations
