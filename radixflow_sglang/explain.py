@@ -8,9 +8,10 @@ TRACE is a JSONL file written by a server's `--radixflow-trace PATH` or by
 a timeline in round order: when it arrived, each decision the scan made about it with the rule
 that made it (core/reasons.py: `park` events for the VISIT decision point, `defer` for DEFER),
 the costs the wait rule compared (`decide`), the producer and depth it waited for (`parked`),
-the depth it resumed from and where it publishes its own state (`admitted`), and when it was
-selected. A DP server's ranks share one file: each event carries its `dp_rank`, and requests are
-told apart by rank. `--rulebook` prints the rules in order (docs/design.md's first table).
+the boundary rules that placed its own state (`cut`: PLACE, PUBLISH and any no_buffer fork
+mark), the depth it resumed from and where it publishes (`admitted`), and when it was selected.
+A DP server's ranks share one file: each event carries its `dp_rank`, and requests are told
+apart by rank. `--rulebook` prints the rules in order (docs/design.md's first table).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-PER_REQUEST = ("park", "defer", "decide", "parked", "admitted", "selected")
+PER_REQUEST = ("park", "defer", "decide", "parked", "admitted", "cut", "selected")
 
 
 def read(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -59,6 +60,10 @@ def describe(e: dict[str, Any]) -> str:
         return f"visit: {e['action']} ({why})"
     if kind == "defer":
         return f"defer: {e['action']} ({why})"
+    if kind == "cut":
+        at = "SGLang's own depth" if e.get("depth") is None else f"depth {e['depth']}"
+        mark = "" if e.get("mark") is None else f"; fork mark {e['mark']}"
+        return f"publish: {e['action']} ({e['placed']}, {why}) at {at}{mark}"
     if kind == "decide":
         ready = "unprobed" if e.get("ready") is None else f"ready {e['ready']}"
         cost = ("" if not e.get("probed") else

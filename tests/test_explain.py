@@ -34,6 +34,8 @@ def test_explain_one_request(tmp_path):
     rows = [{"event": "park", "round": 1, "rid": "a", "action": "park", "reason": "wait_wins"},
             {"event": "park", "round": 1, "rid": "b", "action": "native",
              "reason": "no_sharer"},
+            {"event": "cut", "round": 2, "rid": "a", "placed": "marker", "reason": "cut_unpaid",
+             "action": "native", "depth": None, "mark": 2112},
             {"event": "admitted", "round": 2, "rid": "a", "prefix": 2048, "hit": 2048,
              "extend": 120, "publish": None}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "par')
@@ -42,6 +44,7 @@ def test_explain_one_request(tmp_path):
     text = buf.getvalue()
     assert text.splitlines()[0] == "a: first seen in round 1"
     assert "visit: park (wait_wins)" in text and "resumes from depth 2048" in text
+    assert "publish: native (marker, cut_unpaid) at SGLang's own depth; fork mark 2112" in text
     assert "b:" not in text
 
 

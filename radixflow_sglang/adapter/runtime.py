@@ -30,7 +30,7 @@ from radixflow_sglang.core.cost import (
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.producers import Producer
-from radixflow_sglang.core.reasons import RULEBOOK, Action, Reason
+from radixflow_sglang.core.reasons import RULEBOOK, RULES, Action, Reason
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
@@ -120,6 +120,7 @@ class RadixFlowRuntime:
         # NOTE: decisions by reason (core/reasons.py), all time (/server_info); this scan's are
         # `scan.reasons` (Prometheus, counted once per round like the other series)
         self.reasons: Counter[Reason] = Counter()
+        self.boundary_reasons: Counter[Reason] = Counter()  # PLACE and PUBLISH, all time
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
     @classmethod
@@ -513,6 +514,8 @@ class RadixFlowRuntime:
             "boundaries": self.boundary.summary(),
             "reasons": self.reason_counts(),
             "hold_reasons": self.hold_reason_counts(),
+            "boundary_reasons": {r.reason.value: self.boundary_reasons[r.reason] for r in RULEBOOK
+                                 if self.boundary_reasons[r.reason]},
         }
 
     def reason_counts(self) -> dict[str, int]:
@@ -617,10 +620,26 @@ class RadixFlowRuntime:
                   and adder.rem_chunk_tokens is not None)
         self.boundary.admitted(req, req_tokens(req), namespace(req), adder, cut_ok,
                                tree=sched.tree_cache)
+        self._boundary_decided(req.rid)
         if self.boundary.cut is req:
             self.scan.fork_chunk = req  # NOTE: it holds SGLang's one chunk slot (see defer)
             if self.traversal is not None:
                 self.traversal.fork_slots = 0
+
+    def _boundary_decided(self, rid: str) -> None:
+        """Count the PLACE and PUBLISH rules that decided `rid`'s boundary; trace a `cut` event
+        when a boundary was placed or a no_buffer mark set."""
+        d = self.boundary.decided
+        if d is None:
+            return  # NOTE: boundaries off, or full attention: nothing was asked
+        self.boundary_reasons[d.placed] += 1
+        if d.how is not None:
+            self.boundary_reasons[d.how] += 1
+        if self._trace is not None and (d.how is not None or d.mark is not None):
+            why = d.how or d.placed
+            self._emit({"event": "cut", "round": self.round, "rid": rid, "placed": d.placed,
+                        "reason": why, "action": RULES[why].action, "depth": d.depth,
+                        "mark": d.mark})
 
     def _boundary_defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """no_buffer: skip a request whose boundary cut must wait for SGLang's one chunk slot
