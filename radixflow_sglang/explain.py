@@ -1,27 +1,30 @@
 """Explain a RadixFlow trace, request by request.
 
     python -m radixflow_sglang.explain TRACE [--rid RID]
+    python -m radixflow_sglang.explain --rulebook
 
 TRACE is a JSONL file written by a server's `--radixflow-trace PATH` or by
 `python -m eval.replay --trace DIR` (DIR/POLICY.jsonl). For every request (or only RID) it prints
 a timeline in round order: when it arrived, each decision the scan made about it with the rule
 that made it (core/reasons.py: `park` events for the VISIT decision point, `defer` for DEFER),
 the costs the wait rule compared (`decide`), the producer and depth it waited for (`parked`),
-the depth it resumed from and where it publishes its own state (`admitted`), and when it was
-selected. A DP server's ranks share one file: each event carries its `dp_rank`, and requests are
-told apart by rank.
+the boundary rules that placed its own state (`cut`: PLACE, PUBLISH and any no_buffer fork
+mark), the depth it resumed from and where it publishes (`admitted`), and when it was selected.
+A DP server's ranks share one file: each event carries its `dp_rank`, and requests are told
+apart by rank. `--rulebook` prints the rules in order (docs/design.md's first table).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-PER_REQUEST = ("park", "defer", "decide", "parked", "admitted", "selected")
+PER_REQUEST = ("park", "defer", "decide", "parked", "admitted", "cut", "selected")
 
 
 def read(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -57,6 +60,10 @@ def describe(e: dict[str, Any]) -> str:
         return f"visit: {e['action']} ({why})"
     if kind == "defer":
         return f"defer: {e['action']} ({why})"
+    if kind == "cut":
+        at = "SGLang's own depth" if e.get("depth") is None else f"depth {e['depth']}"
+        mark = "" if e.get("mark") is None else f"; fork mark {e['mark']}"
+        return f"publish: {e['action']} ({e['placed']}, {why}) at {at}{mark}"
     if kind == "decide":
         ready = "unprobed" if e.get("ready") is None else f"ready {e['ready']}"
         cost = ("" if not e.get("probed") else
@@ -104,12 +111,27 @@ def explain(path: str | Path, rid: str | None = None, out: TextIO | None = None)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m radixflow_sglang.explain",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("trace", help="a --radixflow-trace / eval.replay --trace JSONL file")
+    p.add_argument("trace", nargs="?", help="a --radixflow-trace / eval.replay --trace JSONL file")
     p.add_argument("--rid", default=None, help="only this request")
+    p.add_argument("--rulebook", action="store_true", help="print the rulebook and exit")
     a = p.parse_args(argv)
+    if a.rulebook:
+        from radixflow_sglang.core.reasons import rulebook_table
+
+        sys.stdout.write(rulebook_table())
+        return 0
+    if a.trace is None:
+        p.error("a TRACE is needed (or --rulebook)")
     if not Path(a.trace).is_file():
         p.error(f"{a.trace}: no such file")
-    n = explain(a.trace, a.rid)
+    try:
+        n = explain(a.trace, a.rid)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # NOTE: the reader stopped (`| head`): no traceback; stdout to devnull so the
+        # interpreter's own flush at exit does not raise again (Python's signal docs)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if n == 0:
         print(f"no request events{' for ' + a.rid if a.rid else ''} in {a.trace} (a trace "
               "written before reasons were traced has none)", file=sys.stderr)

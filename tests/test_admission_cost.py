@@ -109,6 +109,10 @@ def test_kit_expensive_rounds_hold_then_release_at_the_deadline():
     clock.t = 0.005
     rnd = k.step()
     assert sorted(rnd.rids) == ["a", "b"] and k.runtime.stats.released_by_admission == "deadline"
+    # NOTE: one HOLD decision per pass (hold, hold, deadline), apart from the scan's reasons
+    s = k.runtime.summary()
+    assert s["hold_reasons"] == {"deadline": 1, "hold": 2}
+    assert "hold" not in s["reasons"] and "deadline" not in s["reasons"]
 
 
 def test_kit_a_costly_joiner_ends_the_hold():

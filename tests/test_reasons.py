@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from radixflow_sglang.config import RadixFlowConfig
-from radixflow_sglang.core.reasons import POINTS, RULEBOOK, Action, Reason, rules
+from radixflow_sglang.core.reasons import POINTS, RULEBOOK, Action, Reason, rulebook_table, rules
 from radixflow_sglang.testing.fixtures import toks
 
 DOC = toks(1000, 2000)  # 2,000 shared tokens
@@ -87,3 +87,4 @@ def test_design_doc_lists_the_rulebook_in_order():
             if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     got = [(c[1].strip(), c[2].strip().strip("`"), c[3].strip()) for c in rows]
     assert got == [(r.point, r.reason.value, r.action.value) for r in RULEBOOK]
+    assert rulebook_table() in page  # NOTE: `python -m radixflow_sglang.explain --rulebook`

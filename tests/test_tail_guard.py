@@ -175,9 +175,9 @@ def test_kit_a_quiet_scan_reads_no_earlier_scans_view(make_kit):
     rt.use_prior(cost_with("qwen3.5-27b", alpha_ms=200))
     k.submit(*_question(k, "a", 1), *_question(k, "b", 2))
     k.step()
-    assert not rt.stats.quiet and rt._scan is not None  # NOTE: b1-b3 were priced
+    assert not rt.stats.quiet and rt.scan.view is not None  # NOTE: b1-b3 were priced
     k.drain()
     k.submit(*_question(k, "c", 3, n=8))
     k.step()
-    assert rt.stats.quiet and rt._scan is None
+    assert rt.stats.quiet and rt.scan.view is None
     assert k.leaks() == {"kv": 0, "rows": 0, "mamba": 0}

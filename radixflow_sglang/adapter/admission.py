@@ -10,6 +10,7 @@ scheduler has nothing else to run (a hold never delays running work).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,8 @@ class AdmissionHold:
         self.waits = 0  # holds that waited (nothing else to run)
         self.overtakes = 0
         self.release_reason = ""  # why held requests were released since the last round
+        # NOTE: every pass's HOLD decision by its rule, as agreed (rank 0's where it broadcasts)
+        self.reasons: Counter[Reason] = Counter()
 
     def hold(self, sched: Scheduler, running_batch) -> bool:
         """True: keep the queue out of this round (flexible admission / timer control)."""
@@ -91,6 +94,7 @@ class AdmissionHold:
             # Whether this is reached follows only from rank-identical rules (rows, busy,
             # tokens), so every rank of the group calls the broadcast, or none does.
             decision = self.agreement(decision)
+        self.reasons[Reason(decision.reason)] += 1
         if not decision.hold:
             self._release(fresh, decision)
             return False

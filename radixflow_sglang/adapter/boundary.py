@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from radixflow_sglang.core.boundary import (
@@ -38,12 +39,15 @@ from radixflow_sglang.core.boundary import (
     consumers,
     defer_wins,
     place,
+    place_rule,
     publish_at,
+    publish_rule,
     wants,
 )
 from radixflow_sglang.core.cost import CostCoeffs, cut_pays, cut_raises_tail, measured
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.producers import as_tokens
+from radixflow_sglang.core.reasons import Reason
 
 from . import check_sglang_version
 from .reqs import budget_left, compute_charge, namespace, req_len, req_tokens
@@ -100,6 +104,17 @@ def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Placement:
+    """The last selected request's boundary decision: the PLACE rule, the PUBLISH rule (None
+    when nothing was placed), the depth published (None: SGLang's own) and its no_buffer mark."""
+
+    placed: Reason
+    how: Reason | None
+    depth: int | None
+    mark: int | None
+
+
 class BoundaryPublisher:
     """Moves an admitted request's one state to its declared or learned boundary."""
 
@@ -131,6 +146,7 @@ class BoundaryPublisher:
         self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
         self.unpaid = 0  # no_buffer learned cuts not made: the round costs more than they save
         self.cut: Req | None = None  # the request cut at its boundary this scan
+        self.decided: Placement | None = None  # the last `admitted` call's rules (the trace)
         self._queue: list = []  # this scan's waiting queue (rank-identical)
         self._queue_rids: set[str] = set()
         self._groups: dict[int, dict[tuple, int]] = {}  # depth -> key -> queued requests
@@ -146,6 +162,7 @@ class BoundaryPublisher:
 
     def begin_scan(self, queue=()) -> None:
         self.cut = None
+        self.decided: Placement | None = None
         self._queue = list(queue)
         self._queue_rids = {r.rid for r in self._queue}
         self._groups = {}
@@ -162,6 +179,7 @@ class BoundaryPublisher:
         """Publish `req`'s state at its boundary if one applies; returns the depth or None.
         `tokens`: its token ids; `cut_ok`: a cut may take SGLang's one chunk slot this scan;
         `tree`: the scheduler's tree cache (a fork's exact depth, for `MarkerLearner`)."""
+        self.decided = None
         if not self.active or self.grid.layout is Layout.FULL:
             return None
         prefix, end = req.prefix_len, req.extend_end
@@ -179,14 +197,17 @@ class BoundaryPublisher:
         if prefix > 0 and self.markers is not None:
             self._marker_hit(req, tokens, ns, prefix)
         self._selected.add(req.rid)
-        depth, source = self._target(req, ns, prefix, end - prefix, native_branch)
-        if depth is not None and self._publish(req, tokens, ns, depth, adder, cut_ok,
-                                               learned=source != "declared"):
-            marker = self._chosen.get(depth) if source == "marker" else None
+        placed, depth = self._target(req, ns, prefix, end - prefix, native_branch)
+        source = placed if placed not in (Reason.NO_BOUNDARY, Reason.NATIVE_BRANCH) else None
+        how = None if source is None else self._publish(req, tokens, ns, depth, adder, cut_ok,
+                                                        learned=source != Reason.DECLARED)
+        if how in (Reason.KEEP_END, Reason.MOVE, Reason.CUT):
+            marker = self._chosen.get(depth) if source == Reason.MARKER else None
             self._published(req, tokens, ns, depth, source, marker)
         else:
             depth = None
             self._fork_mark(req, ns, prefix, end - prefix, native_branch)
+        self.decided = Placement(placed, how, depth, self.fork_mark(req.rid))
         if self.learner is not None:
             self._record(req, tokens, ns, depth, native_branch, source)
         return depth
@@ -240,26 +261,25 @@ class BoundaryPublisher:
         return self.learner.publishes_at(n) and self.learner.kind(_key(ns, tokens, n)) is not None
 
     def _target(self, req: Req, ns, prefix: int, extend: int,
-                native_branch: bool) -> tuple[int | None, str | None]:
-        """Where this extend should publish (declared, else learned) and the source."""
+                native_branch: bool) -> tuple[Reason, int | None]:
+        """Where this extend should publish: the PLACE rule that fired and its depth (core/
+        boundary.py `place_rule`: declared, else learned: a marker first, since it finds this
+        request's own document end, where a depth learned from other paths is only right when
+        their documents are as long)."""
         b = declared_boundary(req) if self.declared else None
-        if b is not None:
-            return publish_at(self.grid, b, prefix, extend), "declared"
-        if self.learner is not None and not native_branch:
-            native = self.grid.planned_depth(prefix, extend, None)
-            # NOTE: a learned marker first: it finds this request's own document end, where a
-            # depth learned from other paths is only right when their documents are as long
-            d = self._marker_target(req, ns, prefix, extend, native)
-            if d is not None:
-                return d, "marker"
-            d = self._repeat_target(req, ns, prefix, extend, native)
-            if d is not None:
-                return d, "repeat"
+        native = (self.grid.planned_depth(prefix, extend, None)
+                  if self.learner is not None and not native_branch else None)
+
+        def learned() -> int | None:
             guess = self.learner.predict(ns, prefix, native)
             d = None if guess is None else publish_at(self.grid, guess, prefix, extend)
-            if d is not None and not self._queued_past(req, ns, d):
-                return d, "learned"
-        return None, None
+            return d if d is not None and not self._queued_past(req, ns, d) else None
+
+        return place_rule(
+            None if b is None else lambda: publish_at(self.grid, b, prefix, extend),
+            self.learner is not None, native_branch,
+            lambda: self._marker_target(req, ns, prefix, extend, native),
+            lambda: self._repeat_target(req, ns, prefix, extend, native), learned)
 
     def _queued_past(self, req: Req, ns, depth: int) -> bool:
         """An unselected queued request shares `req`'s tokens past `depth`: its fork, deeper,
@@ -373,7 +393,7 @@ class BoundaryPublisher:
             return False
         prefix = req.prefix_len
         extend = len(tokens) - prefix
-        depth, _ = self._target(req, ns, prefix, extend, False)
+        _, depth = self._target(req, ns, prefix, extend, False)
         if depth is None or self._defers.get(req.rid, 0) >= cap:
             return False
         key = self._key_of(req, tokens, ns, depth)
@@ -453,29 +473,32 @@ class BoundaryPublisher:
         return branching is not None and self.grid.layout is Layout.EXTRA_BUFFER and \
             self.grid.branch_ok(prefix, extend, branching)
 
-    def _publish(self, req: Req, tokens, ns, depth: int, adder: PrefillAdder,
-                 cut_ok: bool, learned: bool = False) -> bool:
+    def _publish(self, req: Req, tokens, ns, depth: int | None, adder: PrefillAdder,
+                 cut_ok: bool, learned: bool = False) -> Reason:
+        """Publish at a placed `depth` as the PUBLISH rule that fires says (core/boundary.py
+        `publish_rule`); that rule."""
         can_cut = cut_ok and adder.new_chunked_req in (None, req)
-        if self.grid.layout is Layout.EXTRA_BUFFER:
-            if not (can_cut and self._keep(req, depth)):
-                req.mamba_branching_seqlen = depth  # NOTE: read by prepare_for_extend
-                return True
-        elif not can_cut:
-            return False
-        else:
-            key = self._key_of(req, tokens, ns, depth)
-            if (self._users(req, tokens, ns, depth, key, adder) <= 0
-                    and self._contested(depth, key, adder)):
-                # NOTE: its siblings already ran and none is queued: the one chunk slot goes
-                # to a queued group whose first can be cut and the rest wait for it
-                self.skipped += 1
-                return False
-            if learned and not self._cut_pays(req, tokens, ns, depth, key, adder):
-                self.unpaid += 1  # NOTE: a guessed boundary's cut must pay for its round
-                return False
-        cut_chunk(req, depth, adder)
-        self.cut = req
-        return True
+
+        def key() -> tuple:
+            return self._key_of(req, tokens, ns, depth)
+
+        how = publish_rule(
+            depth, self.grid.layout, can_cut, lambda: self._keep(req, depth),
+            # NOTE: its siblings already ran and none is queued: the one chunk slot goes to a
+            # queued group whose first can be cut and the rest wait for it
+            lambda: (self._users(req, tokens, ns, depth, key(), adder) <= 0
+                     and self._contested(depth, key(), adder)),
+            learned, lambda: self._cut_pays(req, tokens, ns, depth, key(), adder))
+        if how is Reason.MOVE:
+            req.mamba_branching_seqlen = depth  # NOTE: read by prepare_for_extend
+        elif how in (Reason.KEEP_END, Reason.CUT):
+            cut_chunk(req, depth, adder)
+            self.cut = req
+        elif how is Reason.CUT_UNUSED:
+            self.skipped += 1
+        elif how is Reason.CUT_UNPAID:
+            self.unpaid += 1  # NOTE: a guessed boundary's cut must pay for its round
+        return how
 
     def _cut_pays(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> bool:
         """no_buffer, a learned boundary: the cut's state saves more than the round the cut

@@ -30,7 +30,7 @@ from radixflow_sglang.core.cost import (
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.producers import Producer
-from radixflow_sglang.core.reasons import RULEBOOK, Action, Reason
+from radixflow_sglang.core.reasons import RULEBOOK, RULES, Action, Reason
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
@@ -49,6 +49,7 @@ from .reqs import (
     req_tokens,
     running,
 )
+from .scanstate import ScanState
 from .scanview import ScanView
 
 check_sglang_version()
@@ -93,7 +94,6 @@ class RadixFlowRuntime:
         self.arrival_rate = 0.0  # rank 0's, agreed with each prefill forward (the wait rule)
         self.agreed_now = 0.0  # rank 0's clock at the last prefill forward (request stamps)
         self._queued: set[str] = set()
-        self._scan: ScanView | None = None
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         self.theta = tcfg.theta  # NOTE: the resolved default, for /server_info
         # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
@@ -104,8 +104,7 @@ class RadixFlowRuntime:
         self.totals = Totals()
         self.requests: dict[str, RequestStats] = {}
         self.round = 0
-        self.stats = RoundStats(0)
-        self._scan_reqs: dict[str, Req] = {}
+        self.scan = ScanState()  # NOTE: this scan's facts; begin_scan makes a new one
         self._trace = open(cfg.trace, "a", buffering=1) if cfg.trace else None  # noqa: SIM115
         adm = self.spec.admission
         self.gate = (Gate(adm, self.spec.admission_ms, cost_aware=self.spec.hold_cost)
@@ -116,17 +115,13 @@ class RadixFlowRuntime:
             cost=lambda: self.cost.decision_coeffs)  # NOTE: one home: the decision's fit
         self.frag_deferred: dict[str, int] = {}
         self.metrics = metrics
-        self._fork_chunk: Req | None = None  # no_buffer producer cut at a fork this scan
-        self._chunk: tuple = (None, None)  # (sched.chunked_req, adder) at begin_scan
         self._seq = 0  # registration order
         self.quiet_visits = 0  # visits that skipped the traversal: nothing could be Blocked
-        self._quiet = False  # this scan: no candidate can wait, hooks off (`_quiet_scan`)
         self._held_since_round = 0
-        # NOTE: decisions by reason (core/reasons.py): all time (/server_info) and this scan's
-        # (Prometheus, counted once per round like the other series)
+        # NOTE: decisions by reason (core/reasons.py), all time (/server_info); this scan's are
+        # `scan.reasons` (Prometheus, counted once per round like the other series)
         self.reasons: Counter[Reason] = Counter()
-        self._round_reasons: Counter[Reason] = Counter()
-        self._parked_on: Blocking | None = None
+        self.boundary_reasons: Counter[Reason] = Counter()  # PLACE and PUBLISH, all time
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
         self.health_checks = 0  # prefills of only SGLang's health check, run natively, uncounted
 
@@ -150,39 +145,39 @@ class RadixFlowRuntime:
     # --- scan hooks (called from scan.py) ------------------------------------------------------
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
         self.round += 1
-        self._scan_reqs = {}
-        self._released = self._finishing = 0  # selected rows: released consumers, last tokens
-        self._oldest: float | None = None  # the earliest stamp among rows finishing this round
-        self._continuing: bool | None = None  # a running row decodes on (`_older_by`, lazily)
-        self._sched = sched
-        self._scan = None  # NOTE: built at this scan's first Blocked candidate (O(queue))
-        self._deferred_heads: list[tuple[tuple, object]] = []
-        self._independent: str | None = None  # the last visit no live producer could block
-        self._fork_chunk = None
         if self._records() > 2 * len(sched.waiting_queue) + 1024:
             self._prune(sched)
-        self._quiet = False
         self.boundary.begin_scan(sched.waiting_queue)
+        scan = self.scan = ScanState(self.round, sched=sched)
         if self.traversal is None:
-            self.stats = RoundStats(self.round, t_start=self.clock())
+            scan.stats = RoundStats(self.round, t_start=self.clock())
             return
         if self.spec.cost_aware:
             self._count_arrivals(sched.waiting_queue)
             if self._quiet_scan(sched, adder):
                 # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
                 # plus the boundary publisher's work (eval/hostcost.py charges it apart)
-                self._quiet = True
-                self._chunk = (None, None)
-                self.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
+                scan.quiet = True
+                scan.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
                 return
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
         if self._no_buffer_fork_possible(sched, adder, self.grid.layout):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
-        self._fork_chunk = None
-        self._chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
-        self.stats = self.traversal.begin_round(self._inflight(sched), slots)
+        scan.chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
+        scan.stats = self.traversal.begin_round(self._inflight(sched), slots)
         # NOTE: the scan's number, not the traversal's (quiet scans skip it): one count per trace
-        self.stats.round, self.stats.t_start = self.round, self.clock()
+        scan.stats.round, scan.stats.t_start = self.round, self.clock()
+
+    @property
+    def stats(self) -> RoundStats:
+        """This scan's round counters."""
+        return self.scan.stats
+
+    def _scan_view(self) -> ScanView:
+        """The queue's view, built once per scan when a decision first needs it (O(queue))."""
+        if self.scan.view is None:
+            self.scan.view = ScanView.of(self.scan.sched)
+        return self.scan.view
 
     def _quiet_scan(self, sched: Scheduler, adder: PrefillAdder) -> bool:
         """No candidate of this scan can wait (core/cost.py `never_waits`, from rank-identical
@@ -211,8 +206,8 @@ class RadixFlowRuntime:
         `PrefillAdder.add_chunked_req` returned, None when this chunk ends the request's
         prefill: that last chunk, the one that reaches a long shared prefix's end, is the
         request begin_scan saw as `sched.chunked_req`, admitted when it is in can_run_list."""
-        chunk, adder = self._chunk
-        self._chunk = (None, None)
+        chunk, adder = self.scan.chunk
+        self.scan.chunk = (None, None)
         last = (req is None and self.traversal is not None and adder is not None
                 and self.grid.layout is Layout.NO_BUFFER and adder.rem_chunk_tokens is not None)
         if last:
@@ -230,7 +225,7 @@ class RadixFlowRuntime:
             # a request admitted in this scan would, `_apply_fork`)
             movable = self.grid.layout is Layout.EXTRA_BUFFER or last
             if movable:
-                self._scan_reqs[req.rid] = req
+                self.scan.reqs[req.rid] = req
             self.traversal.admitted(self._producer(req, movable=movable))
 
     def park(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
@@ -239,7 +234,7 @@ class RadixFlowRuntime:
         action, why = self._visit(sched, req, adder)
         self._decided("park", req.rid, action, why)
         if action is Action.PARK and self._trace is not None:
-            b = self._parked_on
+            b = self.scan.parked_on
             self._emit({"event": "parked", "round": self.round, "rid": req.rid,
                         "producer": b.producer, "depth": b.depth, "ready": b.ready,
                         "fork": b.fork, "reason": why})
@@ -255,7 +250,7 @@ class RadixFlowRuntime:
         t = self.traversal
         if t is None:
             return Action.NATIVE, Reason.NO_TRAVERSAL
-        if self._quiet:
+        if self.scan.quiet:
             return Action.NATIVE, Reason.QUIET_SCAN
         if getattr(req, "session", None) is not None:
             return Action.NATIVE, Reason.SESSION
@@ -264,15 +259,15 @@ class RadixFlowRuntime:
             # can be Blocked; a request parked last round is rechecked and goes native
             self.quiet_visits += 1
             t.waits.release(req.rid)
-            self._independent = req.rid
+            self.scan.independent = req.rid
             return Action.NATIVE, Reason.NO_PRODUCER
         tokens, ns = req_tokens(req), namespace(req)
         hits = t.may_block(req.rid, ns, tokens)
         if not hits:
             t.waits.release(req.rid)  # rechecked: no live producer, native handling
-            self._independent = req.rid  # NOTE: `_newcomer_defers` reads it next
+            self.scan.independent = req.rid  # NOTE: `_newcomer_defers` reads it next
             return Action.NATIVE, Reason.NO_SHARER
-        if adder.new_chunked_req is not None and self._fork_chunk is None:
+        if adder.new_chunked_req is not None and self.scan.fork_chunk is None:
             t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
         sibs: dict[int, int] = {}
         if not req.is_dllm():
@@ -304,13 +299,13 @@ class RadixFlowRuntime:
                 t.waits.release(req.rid)  # recomputing its gain now costs less
                 self.stats.recomputed += 1
                 return Action.NATIVE, why
-            self._scan.parked(len(tokens) - b.depth)
+            self._scan_view().parked(len(tokens) - b.depth)
         if not t.park(cand, b):
             return Action.NATIVE, Reason.BOUND_SPENT
         release_parked(sched, req)
         self._apply_fork(b, adder)
         self.requests[req.rid].rounds_parked += 1
-        self._parked_on = b  # NOTE: the trace's detail of this park (`park`)
+        self.scan.parked_on = b  # NOTE: the trace's detail of this park (`park`)
         return Action.PARK, why
 
     def _decide(self, sched: Scheduler, req: Req, adder: PrefillAdder, cand: Candidate,
@@ -318,12 +313,11 @@ class RadixFlowRuntime:
         """The cost-aware wait rule for a probed Blocked `cand` (core/traversal.py `decide`):
         its verdict and the Blocking it would park with."""
         t = self.traversal
-        self._scan = self._scan or ScanView.of(sched)
         first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
         sib = self._siblings(req, cand.tokens, t.group_depth(b), sibs) if first else 0
         view = self._view(req, adder, sib, b.producer)
         if first:  # NOTE: no_buffer: a fork cut takes SGLang's one chunk slot
-            view = slot.priced(self, self._scan, sched, req, b, view)
+            view = slot.priced(self, self._scan_view(), sched, req, b, view)
         verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
         b = t.placed(cand, b)
         if self._trace is not None:
@@ -338,7 +332,7 @@ class RadixFlowRuntime:
     def _decided(self, point: str, rid: str, action: Action, why: Reason) -> None:
         """Count one decision by its reason (/server_info, Prometheus) and trace it."""
         self.reasons[why] += 1
-        self._round_reasons[why] += 1
+        self.scan.reasons[why] += 1
         if self._trace is not None:
             self._emit({"event": point, "round": self.round, "rid": rid, "action": action,
                         "reason": why})
@@ -352,7 +346,6 @@ class RadixFlowRuntime:
         bs = t.blockings(c0, hits)
         if not bs:
             return False
-        self._scan = self._scan or ScanView.of(sched)
         ok = t.recomputes_unprobed(
             c0, bs, lambda b: self._view(req, adder, self._siblings(
                 req, c0.tokens, t.group_depth(b), sibs), b.producer), self.cost.decision_coeffs)
@@ -365,7 +358,7 @@ class RadixFlowRuntime:
 
     def _siblings(self, req: Req, tokens, depth: int, memo: dict[int, int]) -> int:
         if depth not in memo:
-            memo[depth] = self._scan.siblings(req, namespace(req), tokens, depth)
+            memo[depth] = self._scan_view().siblings(req, namespace(req), tokens, depth)
         return memo[depth]
 
     def _view(self, req: Req, adder: PrefillAdder, siblings: int,
@@ -373,7 +366,7 @@ class RadixFlowRuntime:
         # NOTE: a round's host time adds to its latency only without overlap
         host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
         tied = int(self._tied(req, producer, adder))
-        return self._scan.view(req, adder, siblings, host, self.arrival_rate, tied,
+        return self._scan_view().view(req, adder, siblings, host, self.arrival_rate, tied,
                                self._older_by(req, adder))
 
     def _older_by(self, req: Req, adder: PrefillAdder) -> float:
@@ -381,24 +374,23 @@ class RadixFlowRuntime:
         stamps, rank-identical; 0: none). Inf when an older one finishes after it whatever
         happens (a row decoding on, a queued request this scan passed over): the tail is
         not this round's (core/cost.py `raises_tail`)."""
-        if self._continuing is None:
-            b = self._sched.running_batch
-            self._continuing = b is not None and any(not last_token(r) for r in b.reqs)
-        if self._continuing:
+        if self.scan.continuing is None:
+            b = self.scan.sched.running_batch
+            self.scan.continuing = b is not None and any(not last_token(r) for r in b.reqs)
+        if self.scan.continuing:
             return math.inf
-        self._scan = self._scan or ScanView.of(self._sched)
-        if self._scan.passed_over(req, adder.can_run_list):
+        if self._scan_view().passed_over(req, adder.can_run_list):
             return math.inf
         rs = self.requests.get(req.rid)
-        if rs is None or self._oldest is None:
+        if rs is None or self.scan.oldest is None:
             return 0.0
-        return max(rs.stamp - self._oldest, 0.0)
+        return max(rs.stamp - self.scan.oldest, 0.0)
 
     def _tied(self, req: Req, producer: str | None, adder: PrefillAdder) -> bool:
         """`producer` was selected this scan, finishes its prefill in it, and arrived with `req`
         (registered in the same or an adjacent scan: a fork's branches, n samples): one question,
         whose latency is its last member's (core/cost.py `RoundView.tied`). Rank-identical."""
-        p = self._scan_reqs.get(producer) if producer is not None else None
+        p = self.scan.reqs.get(producer) if producer is not None else None
         if p is None or p is adder.new_chunked_req:
             return False
         rp, rc = self.requests.get(producer), self.requests.get(req.rid)
@@ -412,16 +404,17 @@ class RadixFlowRuntime:
         rs = self.requests.get(req.rid)
         if rs is not None and rs.first_selected is None:
             rs.first_selected, rs.first_selected_round = self.clock(), self.round
-        self._released += rs is not None and rs.rounds_parked > 0
+        scan = self.scan
+        scan.released += rs is not None and rs.rounds_parked > 0
         finishing = req is not adder.new_chunked_req and last_token(req)
-        self._finishing += finishing
+        scan.finishing += finishing
         if finishing and rs is not None:
-            self._oldest = rs.stamp if self._oldest is None else min(self._oldest, rs.stamp)
+            scan.oldest = rs.stamp if scan.oldest is None else min(scan.oldest, rs.stamp)
         self._publish_boundary(sched, req, adder)
         if self._trace is not None:
             self._emit_admitted(req)
-        if self.traversal is not None and not self._quiet:
-            self._scan_reqs[req.rid] = req
+        if self.traversal is not None and not self.scan.quiet:
+            self.scan.reqs[req.rid] = req
             self.traversal.admitted(self._producer(req, movable=True))
 
     def end_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
@@ -454,9 +447,8 @@ class RadixFlowRuntime:
                     self._emit({"event": "selected", **rs.__dict__})
         if self.metrics is not None:
             self.metrics.on_round(s, parked, s.held)
-            if self._round_reasons and hasattr(self.metrics, "on_reasons"):
-                self.metrics.on_reasons(self._round_reasons)
-        self._round_reasons = Counter()
+            if self.scan.reasons and hasattr(self.metrics, "on_reasons"):
+                self.metrics.on_reasons(self.scan.reasons)
         if (s.rows or s.blocked) and self._trace is not None:  # NOTE: as_dict is not free
             self._emit({"event": "round", **s.as_dict()})
 
@@ -524,6 +516,9 @@ class RadixFlowRuntime:
             "boundaries": self.boundary.summary(), "health_checks": self.health_checks,
             "settings": {**self.cfg.settings(), "theta": self.theta},
             "reasons": self.reason_counts(),
+            "hold_reasons": self.hold_reason_counts(),
+            "boundary_reasons": {r.reason.value: self.boundary_reasons[r.reason] for r in RULEBOOK
+                                 if self.boundary_reasons[r.reason]},
         }
 
     def reason_counts(self) -> dict[str, int]:
@@ -531,6 +526,15 @@ class RadixFlowRuntime:
         is the number of decisions: one per `park` and one per `defer` call)."""
         return {r.reason.value: self.reasons[r.reason] for r in RULEBOOK
                 if self.reasons[r.reason]}
+
+    def hold_reason_counts(self) -> dict[str, int]:
+        """The admission hold's decisions so far by reason, in the rulebook's order: one per
+        scheduler pass that found fresh requests to hold or release (many passes per round
+        while a hold lasts), so they are kept apart from `reasons`."""
+        if self.admission is None:
+            return {}
+        counts = self.admission.reasons
+        return {r.reason.value: counts[r.reason] for r in RULEBOOK if counts[r.reason]}
 
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
     def hold(self, sched: Scheduler, running_batch) -> bool:
@@ -563,7 +567,7 @@ class RadixFlowRuntime:
         cut = chunk_cut(sched, adder, req, left)
         if cut is None:
             return Action.ADMIT, Reason.FITS
-        if self._fork_chunk is not None:
+        if self.scan.fork_chunk is not None:
             return Action.DEFER, Reason.FORK_SLOT
         if not self.spec.frag or cut <= 0 or cut >= self.grid.size:
             return Action.ADMIT, Reason.NATIVE_CUT
@@ -580,7 +584,8 @@ class RadixFlowRuntime:
         pays for one more round (core/cost.py `newcomer_waits`; once per request). Its group
         (later requests sharing theta tokens of it: its consumers had it run) stays out with
         it. Cost-aware rule only."""
-        if not (self._released and self._finishing) or self._quiet or self.traversal is None:
+        scan = self.scan
+        if not (scan.released and scan.finishing) or scan.quiet or self.traversal is None:
             return False
         rs = self.requests.get(req.rid)
         if (not self.spec.cost_aware or rs is None or rs.rounds_parked or rs.deferred
@@ -589,20 +594,19 @@ class RadixFlowRuntime:
         tokens, ns = req_tokens(req), namespace(req)
         theta = self.traversal.cfg.theta
         if not any(ns == n and len(tokens) > theta and tokens[:theta] == h
-                   for n, h in self._deferred_heads):
-            if self._independent != req.rid:
+                   for n, h in self.scan.deferred_heads):
+            if self.scan.independent != req.rid:
                 return False  # NOTE: one a live producer shares a prefix with is traversal's
             extend = len(req.full_untruncated_fill_ids) - req.prefix_len
             extend = min(extend, int(budget_left(adder)))
-            self._scan = self._scan or ScanView.of(sched)
             v = self._view(req, adder, 0)
-            others = v.behind + v.rows - self._finishing
+            others = v.behind + v.rows - self.scan.finishing
             taken = max(v.token_budget - v.budget_left, 0)  # NOTE: this round's tokens so far
             if not newcomer_waits(self.cost.decision_coeffs, req.prefix_len, extend,
-                                  self._finishing, others, v.parked_rows, v.host_s,
+                                  self.scan.finishing, others, v.parked_rows, v.host_s,
                                   v.arrival_rate, v.rows, taken):
                 return False
-            self._deferred_heads.append((ns, tokens[:theta]))
+            self.scan.deferred_heads.append((ns, tokens[:theta]))
         rs.deferred += 1
         self.stats.newcomer_deferred += 1
         return True
@@ -615,14 +619,30 @@ class RadixFlowRuntime:
             return
         # NOTE: a cut becomes SGLang's one chunked request: the slot must be free and chunked
         # prefill on (as _no_buffer_fork_possible), in either layout.
-        cut_ok = (self._fork_chunk is None and sched.chunked_req is None
+        cut_ok = (self.scan.fork_chunk is None and sched.chunked_req is None
                   and adder.rem_chunk_tokens is not None)
         self.boundary.admitted(req, req_tokens(req), namespace(req), adder, cut_ok,
                                tree=sched.tree_cache)
+        self._boundary_decided(req.rid)
         if self.boundary.cut is req:
-            self._fork_chunk = req  # NOTE: it holds SGLang's one chunk slot (see defer)
+            self.scan.fork_chunk = req  # NOTE: it holds SGLang's one chunk slot (see defer)
             if self.traversal is not None:
                 self.traversal.fork_slots = 0
+
+    def _boundary_decided(self, rid: str) -> None:
+        """Count the PLACE and PUBLISH rules that decided `rid`'s boundary; trace a `cut` event
+        when a boundary was placed or a no_buffer mark set."""
+        d = self.boundary.decided
+        if d is None:
+            return  # NOTE: boundaries off, or full attention: nothing was asked
+        self.boundary_reasons[d.placed] += 1
+        if d.how is not None:
+            self.boundary_reasons[d.how] += 1
+        if self._trace is not None and (d.how is not None or d.mark is not None):
+            why = d.how or d.placed
+            self._emit({"event": "cut", "round": self.round, "rid": rid, "placed": d.placed,
+                        "reason": why, "action": RULES[why].action, "depth": d.depth,
+                        "mark": d.mark})
 
     def _boundary_defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """no_buffer: skip a request whose boundary cut must wait for SGLang's one chunk slot
@@ -694,7 +714,7 @@ class RadixFlowRuntime:
         if not b.fork:
             return
         p = self.traversal.index.get(b.producer)
-        req = self._scan_reqs[b.producer]
+        req = self.scan.reqs[b.producer]
         if self.grid.layout is Layout.EXTRA_BUFFER:
             # NOTE: read by ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend.
             req.mamba_branching_seqlen = p.publish
@@ -702,7 +722,7 @@ class RadixFlowRuntime:
         if req.extend_end <= p.publish:
             return  # NOTE: no_buffer: the extend already ends at the fork
         assert adder.new_chunked_req in (None, req)
-        self._fork_chunk = req
+        self.scan.fork_chunk = req
         cut_chunk(req, p.publish, adder)  # NOTE: Grid.fork_depth cuts on a page
         p.extend = p.publish - p.prefix
         if p.publish == p.mark:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter, deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .cost import CostCoeffs
 from .grid import Grid, Layout
+from .reasons import Reason
 
 MODES = ("off", "declared", "learned", "both")
 RULES = ("optimal", "mode")
@@ -550,3 +551,47 @@ def place(prefix: int, native: int | None, points: Sequence[tuple[int, float]]) 
     if not chosen or chosen[0] >= native or value <= 0:
         return None
     return chosen[0]
+
+
+# --- the order boundary publication applies its rules (core/reasons.py PLACE, PUBLISH) -------
+Depth = Callable[[], int | None]  # a depth, computed only when its rule is asked
+
+
+def place_rule(declared: Depth | None, learning: bool, native_branch: bool, marker: Depth,
+               repeat: Depth, learned: Depth) -> tuple[Reason, int | None]:
+    """PLACE: the boundary a selected request publishes at, first rule that fires, and its
+    depth. `declared`: None without a declaration, else its depth on the grid (None when
+    outside the extend: the rule still fires and PUBLISH says `outside`). The learned sources
+    are asked lazily, in order, only while `learning` and the match has no branching depth."""
+    if declared is not None:
+        return Reason.DECLARED, declared()
+    if not learning:
+        return Reason.NO_BOUNDARY, None
+    if native_branch:
+        return Reason.NATIVE_BRANCH, None
+    for reason, depth in ((Reason.MARKER, marker), (Reason.REPEAT, repeat),
+                          (Reason.LEARNED, learned)):
+        d = depth()
+        if d is not None:
+            return reason, d
+    return Reason.NO_BOUNDARY, None
+
+
+def publish_rule(depth: int | None, layout: Layout, can_cut: bool, keep: Callable[[], bool],
+                 unused: Callable[[], bool], learned: bool,
+                 pays: Callable[[], bool]) -> Reason:
+    """PUBLISH: how a placed boundary at `depth` publishes, first rule that fires. `can_cut`:
+    SGLang's one chunk slot is free for it; `keep`: extra_buffer's lost tail costs more than
+    a round; `unused`: no_buffer, nobody is expected to use the cut while a queued group wants
+    the slot; `pays`: a learned cut pays for its round. Asked lazily, in order."""
+    if depth is None:
+        return Reason.OUTSIDE
+    if layout is Layout.EXTRA_BUFFER:
+        return Reason.KEEP_END if can_cut and keep() else Reason.MOVE
+    if not can_cut:
+        return Reason.SLOT_TAKEN
+    if unused():
+        return Reason.CUT_UNUSED
+    if learned and not pays():
+        return Reason.CUT_UNPAID
+    return Reason.CUT

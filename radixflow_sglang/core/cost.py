@@ -580,7 +580,7 @@ def newcomer_waits(c: CostCoeffs, prefix: int, extend: int, finishing: int, othe
 def cut_pays(c: CostCoeffs, gain: int, rest: int, behind: int, users: float,
              backlog_budget: int = 0, margin: float = CUT_MARGIN) -> bool:
     """no_buffer: whether cutting a request's extend at a *learned* boundary pays
-    (docs/design.md, "The wait decision", "A cut that must pay"). The cut ends the extend at
+    (docs/design.md, "The wait decision", "A learned cut must pay"). The cut ends the extend at
     the boundary, `gain` tokens past its ready prefix, and runs its `rest` next round: the
     request (and the question it belongs to) finishes one round later, at least c(1, rest)
     (the rest's tokens only move, they are not added). Not cutting, the first of its `users`

@@ -1,7 +1,7 @@
 """The rulebook: every rule that can decide a request's fate in a prefill scan, in the order it
 is applied, each named by one `Reason`.
 
-A scan asks three decision points, in this order (docs/design.md's first page lists the same
+A scan asks five decision points, in this order (docs/design.md's first page lists the same
 rules in the same order with the same names):
 
 1. HOLD (per pass, adapter/admission.py, core/admission.py `Gate.decide`): keep arrived work
@@ -10,11 +10,16 @@ rules in the same order with the same names):
    preemption or budget see it): held, parked (Blocked and waiting), or native handling.
 3. DEFER (per request native admission is about to take, `RadixFlowRuntime._defer`): skip
    this round, or admit natively.
+4. PLACE (per selected request, core/boundary.py `place_rule`, from adapter/boundary.py
+   `BoundaryPublisher.admitted`): the boundary it publishes its state at, if any.
+5. PUBLISH (per placed boundary, `publish_rule`): move the state, cut the extend, or leave
+   SGLang's own depth.
 
 Each decision point applies its rules top to bottom and the first that fires decides: its
 `Reason` travels with the decision into the trace (`park` / `defer` / `decide` events), the
-runtime's counts (`/server_info` `radixflow.reasons`, Prometheus `radixflow_decisions{reason}`)
-and `python -m radixflow_sglang.explain`. Pure Python, no SGLang import.
+runtime's counts (`/server_info` `radixflow.reasons`, Prometheus `radixflow_decisions{reason}`;
+HOLD decisions, one per scheduler pass, apart in `radixflow.hold_reasons`) and
+`python -m radixflow_sglang.explain`. Pure Python, no SGLang import.
 """
 
 from __future__ import annotations
@@ -63,6 +68,23 @@ class Reason(StrEnum):
     FRAG_CAP = "frag_cap"  # its fragment deferrals are spent: native chunking
     FRAGMENT = "fragment"  # the cut would leave a fragment shorter than G (+Frag): wait
 
+    # --- PLACE (core/boundary.py place_rule): where a selected request publishes ------------
+    DECLARED = "declared"  # a declared boundary (request field, chat system end, fork prefix)
+    NATIVE_BRANCH = "native_branch"  # its match carries SGLang's branching depth: keep it
+    MARKER = "marker"  # a learned marker or template piece in its extend serves most (`place`)
+    REPEAT = "repeat"  # its namespace repeats prompts: length - 1
+    LEARNED = "learned"  # a learned fork depth no queued sibling forks past
+    NO_BOUNDARY = "no_boundary"  # none applies: SGLang's own publish depth
+
+    # --- PUBLISH (core/boundary.py publish_rule): how a placed boundary publishes -----------
+    OUTSIDE = "outside"  # its grid floor is not inside this extend (ready < d < end)
+    KEEP_END = "keep_end"  # extra_buffer: cut there so the end state publishes too
+    MOVE = "move"  # extra_buffer: the one tracked state moves there
+    SLOT_TAKEN = "slot_taken"  # no_buffer: SGLang's one chunk slot is taken (or no chunking)
+    CUT_UNUSED = "cut_unused"  # no_buffer: no user expected while a queued group wants the slot
+    CUT_UNPAID = "cut_unpaid"  # no_buffer, not declared: the cut does not pay for its round
+    CUT = "cut"  # no_buffer: cut the extend there (SGLang's one chunked request)
+
 
 class Action(StrEnum):
     """What a decision does with the request (or, for HOLD, with the held queue)."""
@@ -73,6 +95,9 @@ class Action(StrEnum):
     NATIVE = "native"  # SGLang's own handling from here on
     DEFER = "defer"  # skipped this round before it consumes anything
     ADMIT = "admit"  # SGLang's native admission takes it (whole or cut as SGLang cuts)
+    TARGET = "target"  # a boundary is placed: it publishes there if PUBLISH lets it
+    MOVE = "move"  # its one tracked state moves to the boundary (extra_buffer)
+    CUT = "cut"  # its extend is cut at the boundary; the rest runs next round
 
 
 @dataclass(frozen=True)
@@ -83,8 +108,8 @@ class Rule:
     says: str  # one line, the rule
 
 
-HOLD, VISIT, DEFER = "hold", "visit", "defer"
-POINTS = (HOLD, VISIT, DEFER)
+HOLD, VISIT, DEFER, PLACE, PUBLISH = "hold", "visit", "defer", "place", "publish"
+POINTS = (HOLD, VISIT, DEFER, PLACE, PUBLISH)
 
 RULEBOOK: tuple[Rule, ...] = (
     Rule(HOLD, Reason.NONE, Action.RELEASE, "nothing is held"),
@@ -131,9 +156,43 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(DEFER, Reason.FRAG_CAP, Action.ADMIT, "+Frag: its fragment deferrals are spent"),
     Rule(DEFER, Reason.FRAGMENT, Action.DEFER,
          "+Frag: the cut would leave a fragment shorter than G (publishes no state)"),
+    Rule(PLACE, Reason.DECLARED, Action.TARGET,
+         "a declared boundary (request field, chat system end, fork prefix)"),
+    Rule(PLACE, Reason.NATIVE_BRANCH, Action.NATIVE,
+         "its match carries SGLang's branching depth (the tree shows where it diverges)"),
+    Rule(PLACE, Reason.MARKER, Action.TARGET,
+         "learned: a marker or template piece in its extend serves most (`place`)"),
+    Rule(PLACE, Reason.REPEAT, Action.TARGET, "learned: its namespace repeats prompts: length - 1"),
+    Rule(PLACE, Reason.LEARNED, Action.TARGET,
+         "learned: a fork depth seen >= 2 times, unless a queued sibling forks past it"),
+    Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth"),
+    Rule(PUBLISH, Reason.OUTSIDE, Action.NATIVE,
+         "the boundary's grid floor is not inside this extend"),
+    Rule(PUBLISH, Reason.KEEP_END, Action.CUT,
+         "extra_buffer: the slot is free and the lost tail costs more than a round: cut"),
+    Rule(PUBLISH, Reason.MOVE, Action.MOVE, "extra_buffer: move the one tracked state"),
+    Rule(PUBLISH, Reason.SLOT_TAKEN, Action.NATIVE,
+         "no_buffer: SGLang's one chunk slot is taken, or chunked prefill is off"),
+    Rule(PUBLISH, Reason.CUT_UNUSED, Action.NATIVE,
+         "no_buffer: nobody is expected to use it while a queued group wants the slot"),
+    Rule(PUBLISH, Reason.CUT_UNPAID, Action.NATIVE,
+         "no_buffer, not declared: the cut does not pay for its round (cut must pay, tail guard)"),
+    Rule(PUBLISH, Reason.CUT, Action.CUT, "no_buffer: cut the extend at the boundary"),
 )
+
+
+RULES: dict[Reason, Rule] = {r.reason: r for r in RULEBOOK}  # each reason's one rule
 
 
 def rules(point: str) -> tuple[Rule, ...]:
     """One decision point's rules, in order."""
     return tuple(r for r in RULEBOOK if r.point == point)
+
+
+def rulebook_table() -> str:
+    """The rulebook as docs/design.md's table (`python -m radixflow_sglang.explain --rulebook`
+    prints it; tests/test_reasons.py checks the design carries it verbatim)."""
+    head = ["| # | point | rule (reason) | action | says |", "|---|---|---|---|---|"]
+    rows = [f"| {n} | {r.point} | `{r.reason.value}` | {r.action.value} | {r.says} |"
+            for n, r in enumerate(RULEBOOK, 1)]
+    return "\n".join(head + rows) + "\n"

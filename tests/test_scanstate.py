@@ -1,0 +1,39 @@
+"""Per-scan state has one owner (adapter/scanstate.py): every scan starts from a fresh
+ScanState, so nothing one scan learnt (its producers, fork cut, released rows, deferred
+newcomers, queue view, decision counts) reaches the next. On SGLang's real classes (the kit)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from radixflow_sglang.adapter.scanstate import ScanState
+from radixflow_sglang.config import RadixFlowConfig
+from radixflow_sglang.testing.fixtures import toks
+
+DOC = toks(1000, 2000)
+SET_AT_BEGIN = {"round", "sched", "stats", "quiet", "chunk"}  # begin_scan's own inputs
+
+
+def test_every_scan_begins_from_a_fresh_state(make_kit):
+    k = make_kit(policy="radixflow-always",
+                 radixflow_config=RadixFlowConfig(policy="radixflow-always"))
+    rt, seen = k.runtime, []
+    real = rt.begin_scan
+
+    def begin(sched, adder):
+        real(sched, adder)
+        seen.append(rt.scan)
+        fresh = ScanState()
+        left = {f.name for f in fields(ScanState) if f.name not in SET_AT_BEGIN
+                and getattr(rt.scan, f.name) != getattr(fresh, f.name)}
+        assert left == set(), left
+
+    rt.begin_scan = begin
+    k.submit(k.req("P", DOC + toks(5000, 100)), k.req("A", DOC + toks(6000, 120)),
+             k.req("B", DOC + toks(7000, 90)))
+    k.drain()
+    assert len(seen) >= 2 and len({id(s) for s in seen}) == len(seen)
+    assert [s.round for s in seen] == list(range(1, len(seen) + 1))
+    # NOTE: the first scan used its state: P selected, the siblings parked on it
+    assert "P" in seen[0].reqs and seen[0].parked_on.producer == "P"
+    assert seen[0].reasons["always_wait"] == 2 and not seen[1].reasons["always_wait"]
