@@ -18,6 +18,11 @@ first request; nsample: --nsample-mode burst|warm --prompts --n --prompt-len --o
 --seed draws the prompts and gaps; for race/quality/mix, seed 0 takes the first --questions in
 file order (the old default) and any other seed a seeded sample of whole documents.
 
+A Mooncake-format trace (eval/mooncake.py: hash id -> a fixed block of 512 ids) replays with
+--workload trace --trace-file FILE [--trace-speed X (arrival = timestamp / 1000 / X)]
+[--trace-window START:N] [--trace-max-input 30000 (longer records left out, counted)]
+[--trace-max-output 256]; summary.json's config.trace_workload records what was kept.
+
 Each policy is one arm: a fresh kit (SGLang's real scheduler on CPU) replays every segment in
 virtual time (eval/twin.py). `--trace DIR` writes each non-stock arm's RadixFlow trace to
 DIR/POLICY.jsonl (a server's --radixflow-trace events: round, selected, decide, forward), so a
@@ -41,7 +46,10 @@ from radixflow_sglang import models
 from radixflow_sglang.core.policy import POLICIES
 
 PAPER_WORKLOADS = ("race", "quality", "mix", "synthetic")
-WORKLOAD_CHOICES = PAPER_WORKLOADS + TRAFFIC_WORKLOADS
+TRACE_WORKLOAD = "trace"  # eval/mooncake.py
+WORKLOAD_CHOICES = PAPER_WORKLOADS + TRAFFIC_WORKLOADS + (TRACE_WORKLOAD,)
+TRACE_FLAGS = ("trace_file", "trace_speed", "trace_window", "trace_max_input",
+               "trace_max_output")
 PAPER_DEFAULTS = {"regime": "all", "order": "both", "questions": 200}
 MODEL_CHOICES = tuple(models.names())
 REGIME_CHOICES = ("cold", "mixed", "reuse", "all")
@@ -89,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--questions", type=_positive_int, default=None,
                    help="questions per segment, paper workloads only (default 200)")
     add_shape_args(p)
+    add_trace_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default out/WORKLOAD-MODEL)")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, default="extra_buffer",
@@ -149,10 +158,75 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
             shape.add_argument(flag(name), type=kind, default=None)
 
 
+def add_trace_args(p: argparse.ArgumentParser, speed: bool = True) -> None:
+    """The trace workload's flags (eval/mooncake.py); eval.run_arms and eval.sweep take them
+    too (the sweep without --trace-speed: its --rates set the pace)."""
+    from eval import mooncake
+
+    g = p.add_argument_group("trace workload (--workload trace, eval/mooncake.py)")
+    g.add_argument("--trace-file", default=None, metavar="FILE",
+                   help="Mooncake-format JSONL: timestamp (ms), input_length, output_length, "
+                        "hash_ids of 512-token blocks")
+    if speed:
+        g.add_argument("--trace-speed", type=cli.positive(float, "a number"), default=None,
+                       help="time compression: arrival = timestamp / 1000 / X s (default 1)")
+    g.add_argument("--trace-window", default=None, metavar="START:N",
+                   help="N records from the START-th (0-based, file order; START: = to the "
+                        "end), before the caps (default 0:, the whole file)")
+    g.add_argument("--trace-max-input", type=cli.positive(int, "an integer"), default=None,
+                   help="records with more input tokens are left out and counted (default "
+                        f"{mooncake.DEFAULT_MAX_INPUT})")
+    g.add_argument("--trace-max-output", type=cli.non_negative(int, "an integer"),
+                   default=None, help="output tokens per request at most (default "
+                                      f"{mooncake.DEFAULT_MAX_OUTPUT})")
+
+
+def trace_spec(p: argparse.ArgumentParser, args: argparse.Namespace):
+    """The --trace-* flags as a TraceSpec (None without --workload trace); errors name the
+    flag."""
+    from eval import mooncake
+
+    if args.workload != TRACE_WORKLOAD:
+        return None
+    kw = {"file": args.trace_file, "speed": getattr(args, "trace_speed", None),
+          "max_input": args.trace_max_input, "max_output": args.trace_max_output}
+    try:
+        if args.trace_window is not None:
+            kw["start"], kw["count"] = mooncake.parse_window(args.trace_window)
+        return mooncake.TraceSpec(**{k: v for k, v in kw.items() if v is not None})
+    except ValueError as e:
+        p.error(str(e))
+
+
+def _check_trace_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [k for k in TRACE_FLAGS if getattr(args, k, None) is not None]
+    if args.workload != TRACE_WORKLOAD:
+        if given:
+            p.error(f"{flag(given[0])} applies to --workload {TRACE_WORKLOAD} only, not to "
+                    f"{args.workload}")
+        return
+    if args.trace_file is None:
+        p.error(f"--workload {TRACE_WORKLOAD} needs --trace-file FILE (Mooncake-format JSONL)")
+    for k in PAPER_DEFAULTS:
+        if getattr(args, k, None) is not None:
+            p.error(f"--{k} applies to the paper workloads ({', '.join(PAPER_WORKLOADS)}) only, "
+                    f"not to --workload {TRACE_WORKLOAD}")
+    if getattr(args, "rate", None) is not None and hasattr(args, "trace_speed"):
+        p.error(f"--rate does not apply to --workload {TRACE_WORKLOAD}: its arrivals are the "
+                f"trace's timestamps (compress them with --trace-speed)")
+
+
 def check_workload_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
-    """Paper flags with a traffic workload, or shape flags another workload does not take, are
-    errors that name the flag; returns the traffic shape given (field -> value)."""
+    """Paper flags with a traffic or trace workload, or shape or trace flags another workload
+    does not take, are errors that name the flag; returns the traffic shape given (field ->
+    value)."""
     given = {k: getattr(args, k) for k in all_shape_fields() if getattr(args, k) is not None}
+    _check_trace_flags(p, args)
+    if args.workload == TRACE_WORKLOAD:
+        for k in given:
+            p.error(f"{flag(k)} does not apply to --workload {TRACE_WORKLOAD} (its flags: "
+                    f"{', '.join(flag(a) for a in TRACE_FLAGS)})")
+        return given
     if args.workload in TRAFFIC_WORKLOADS:
         for k in PAPER_DEFAULTS:
             if getattr(args, k) is not None:
@@ -180,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     shape = check_workload_flags(parser, args)
+    spec = trace_spec(parser, args)
     from eval import report
     from eval.costmodel import cost_with
     from eval.hostcost import host_model
@@ -202,6 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.error(str(e))
         config["rate"] = config["shape"]["rate"]  # NOTE: "inf" for the burst (JSON has no inf)
+    elif spec is not None:
+        from eval.mooncake import describe as describe_trace
+
+        try:
+            config["trace_workload"] = describe_trace(spec)
+        except (OSError, ValueError) as e:
+            print(f"eval/replay.py: error: cannot build the workload: {e}", file=sys.stderr)
+            return 2
     cost = cost_with(args.model, alpha_ms=args.alpha_ms, beta_us=args.beta_us,
                      gamma_ms=args.gamma_ms)
     host = host_model(args.host_cost)
@@ -209,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     config["host_cost"] = host.as_dict() if host is not None else None
     t0 = time.perf_counter()
     try:
-        if args.workload in TRAFFIC_WORKLOADS:
+        if spec is not None:
+            segments = workload(args.workload, args.model, trace=spec)
+        elif args.workload in TRAFFIC_WORKLOADS:
             segments = workload(args.workload, args.model, rate=args.rate, seed=args.seed,
                                 **shape)
         else:

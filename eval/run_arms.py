@@ -42,6 +42,17 @@ for nsample warm sends one request with SGLang's `n` (its tokenizer manager send
 request). `--boundaries declared,learned` starts one radixflow server per
 `--radixflow-boundaries` mode (arms POLICY, POLICY-learned, ...).
 
+`--workload trace --trace-file F` (eval.replay's --trace-* flags, eval/mooncake.py) sends a
+Mooncake-format trace through the same client with the twin's exact block mapping (hash id ->
+512 fixed ids, the prompt as input_ids), so live and twin replay the same tokens. SGLang's own
+bench_serving reads the file too, with text prompts of its own ("{id} hi hi ...", about a
+quarter of input_length in tokens, outputs uncapped), against a server you launched:
+`python -m sglang.bench_serving --backend sglang --base-url http://127.0.0.1:30000 --model DIR
+--tokenizer DIR --dataset-name mooncake --dataset-path F --num-prompts N
+--mooncake-slowdown-factor 0.1` (DIR: `python -m radixflow_sglang.tokenizer --serve MODEL`;
+the slowdown factor is 1 / --trace-speed; --request-rate is ignored, the trace's timestamps
+pace it).
+
 The twin (`--twin`, default on): after the live arms, each ids arm's policy and boundary mode
 replays the same workload through eval/twin.py in virtual time (on CPU with the simulated
 executor's cost model and the mamba layout the arm's server resolved; free scans), and
@@ -76,7 +87,15 @@ from typing import Any
 
 from eval import bench_arm, cli
 from eval.arms_report import BASELINE, STOCK_FORK, LiveArm, write_outputs
-from eval.replay import PAPER_WORKLOADS, WORKLOAD_CHOICES, add_shape_args, check_workload_flags
+from eval.replay import (
+    PAPER_WORKLOADS,
+    TRACE_WORKLOAD,
+    WORKLOAD_CHOICES,
+    add_shape_args,
+    add_trace_args,
+    check_workload_flags,
+    trace_spec,
+)
 from eval.traffic import WORKLOADS as TRAFFIC_WORKLOADS
 from radixflow_sglang import models
 from radixflow_sglang.core.boundary import MODES as BOUNDARY_MODES
@@ -163,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--no-progress", action="store_true")
     add_shape_args(p)
+    add_trace_args(p)
     add_bench_args(p)
     return p
 
@@ -189,7 +209,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str
             if getattr(args, k) is None:
                 setattr(args, k, v)
     shape = check_workload_flags(p, args)
-    traffic = args.workload in TRAFFIC_WORKLOADS
+    args.trace_spec = trace_spec(p, args)
+    traffic = args.workload in TRAFFIC_WORKLOADS or args.trace_spec is not None
     if args.fork_arm is None:
         args.fork_arm = not traffic
     elif args.fork_arm and traffic:
@@ -624,6 +645,8 @@ def build_segments(args: argparse.Namespace, shape: Mapping[str, Any]):
     """The workload's segments as the twin replays them (eval.replay's call)."""
     from eval.workload import workload
 
+    if args.workload == TRACE_WORKLOAD:
+        return workload(args.workload, args.model, trace=args.trace_spec)
     if args.workload in TRAFFIC_WORKLOADS:
         return workload(args.workload, args.model, rate=args.rate, seed=args.seed, **shape)
     return workload(args.workload, args.model, regime=args.regime, order=args.order,
@@ -663,6 +686,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             shape = describe(args.workload, args.seed, args.rate, **shape_given)
         except ValueError as e:
+            parser.error(str(e))
+    elif args.trace_spec is not None:
+        from eval.mooncake import describe as describe_trace
+
+        try:
+            shape = describe_trace(args.trace_spec)
+        except (OSError, ValueError) as e:
             parser.error(str(e))
     args.n_param = shape is not None and shape.get("nsample_mode") == "warm"
     gpu = gpu_available()

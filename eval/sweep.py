@@ -6,9 +6,11 @@
 
 Every point is one twin replay (eval/twin.py: SGLang's real scheduler on CPU in virtual time)
 of the same questions at one offered rate (Poisson, questions/s; the same seed, so every
-rate's arrival gaps are the same draws scaled by 1/rate). Segments (`--regime`, `--order`)
-replay in sequence, each drained before the next; the figures below are per segment, the
-worst segment counts.
+rate's arrival gaps are the same draws scaled by 1/rate). `--workload trace --trace-file F`
+(eval/mooncake.py, with --trace-window and the caps) replays a Mooncake-format trace: each
+rate is requests/s, the trace's own arrival gaps scaled so that their mean rate is that rate.
+Segments (`--regime`, `--order`) replay in sequence, each drained before the next; the
+figures below are per segment, the worst segment counts.
 
 Definitions (a point is *sustainable* when all three hold):
 
@@ -93,6 +95,18 @@ class Setup:
     overlap: bool = False
     host_cost: str = "model"
     data_dir: str | None = None
+    trace: Any = None  # eval/mooncake.py's TraceSpec (--workload trace); rates are requests/s
+
+
+def segments_at(setup: Setup, rate: float) -> list[Any]:
+    """The workload at one offered rate (a trace's arrivals rescaled to it)."""
+    from eval.workload import workload
+
+    if setup.trace is not None:
+        return workload(setup.workload, setup.model, rate=rate, trace=setup.trace)
+    return workload(setup.workload, setup.model, regime=setup.regime, order=setup.order,
+                    questions=setup.questions, rate=rate, seed=setup.seed,
+                    data_dir=setup.data_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,14 +200,11 @@ def run_point(setup: Setup, policy: str, rate: float) -> dict[str, Any]:
     from eval.hostcost import host_model
     from eval.twin import run_arm
     from eval.waste import breakdown
-    from eval.workload import workload
     from radixflow_sglang.geometry import load_geometry
 
     torch.set_num_threads(1)  # NOTE: tiny CPU tensors; intra-op threads only contend
     t0 = time.perf_counter()
-    segs = workload(setup.workload, setup.model, regime=setup.regime, order=setup.order,
-                    questions=setup.questions, rate=rate, seed=setup.seed,
-                    data_dir=setup.data_dir)
+    segs = segments_at(setup, rate)
     res = run_arm(segs, setup.model, policy, layout=setup.layout, overlap=setup.overlap,
                   cost=cost_with(setup.model), seed=setup.seed,
                   host=host_model(setup.host_cost))
@@ -511,7 +522,7 @@ def _rates(text: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from eval.replay import LAYOUT_CHOICES, ORDER_CHOICES, REGIME_CHOICES
+    from eval.replay import LAYOUT_CHOICES, ORDER_CHOICES, REGIME_CHOICES, add_trace_args
 
     p = argparse.ArgumentParser(prog="python -m eval.sweep", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -543,15 +554,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-cost", choices=HOST_CHOICES, default="model",
                    help="the scheduler's CPU time per round (eval/hostcost.py; default model)")
     p.add_argument("--data-dir", default=None)
+    add_trace_args(p, speed=False)
     p.add_argument("--quick", action="store_true",
                    help="small synthetic sweep for tests (qwen3.5-0.8b, 16 questions, rates "
                         "1,4,16,64, no refinement; explicit flags still win)")
     return p
 
 
-def setup_from(args: argparse.Namespace) -> tuple[Setup, tuple[float, ...], int]:
+def setup_from(args: argparse.Namespace,
+               trace: Any = None) -> tuple[Setup, tuple[float, ...], int]:
     q = QUICK if args.quick else {}
-    setup = Setup(workload=args.workload or q.get("workload", "mix"),
+    setup = Setup(trace=trace,workload=args.workload or q.get("workload", "mix"),
                   model=args.model or q.get("model", "qwen3.5-4b"),
                   questions=args.questions or q.get("questions", 300), seed=args.seed,
                   regime=args.regime, order=args.order, layout=args.layout,
@@ -564,16 +577,12 @@ def setup_from(args: argparse.Namespace) -> tuple[Setup, tuple[float, ...], int]
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup, rates, refine = setup_from(args)
+    setup, rates, refine = setup_from(args, _trace(parser, args))
     if setup.questions < 4:
         parser.error(f"argument --questions: at least 4 (a rate needs arrivals to measure), "
                      f"got {setup.questions}")
-    from eval.workload import workload
-
     try:  # NOTE: fail fast, naming the flag, before any replay
-        workload(setup.workload, setup.model, regime=setup.regime, order=setup.order,
-                 questions=setup.questions, rate=rates[0], seed=setup.seed,
-                 data_dir=setup.data_dir)
+        segments_at(setup, rates[0])
     except (OSError, ValueError) as e:
         parser.error(f"argument --workload: cannot build {setup.workload!r}: {e}")
     t0 = time.perf_counter()
@@ -591,6 +600,21 @@ def main(argv: list[str] | None = None) -> int:
           f"({doc['config']['wall_s']:.0f}s wall)", file=sys.stderr)
     failed = any(pt.get("failed") for d in doc["policies"].values() for pt in d["points"])
     return 1 if failed else 0
+
+
+def _trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """--workload trace's TraceSpec (--trace-* flags; errors name the flag), else None."""
+    from eval.replay import TRACE_FLAGS, TRACE_WORKLOAD, trace_spec
+    from eval.traffic import flag
+
+    given = [k for k in TRACE_FLAGS if getattr(args, k, None) is not None]
+    if args.workload != TRACE_WORKLOAD:
+        if given:
+            parser.error(f"{flag(given[0])} applies to --workload {TRACE_WORKLOAD} only")
+        return None
+    if args.trace_file is None:
+        parser.error(f"--workload {TRACE_WORKLOAD} needs --trace-file FILE")
+    return trace_spec(parser, args)
 
 
 if __name__ == "__main__":

@@ -574,6 +574,7 @@ def workload(
     data_dir: str | Path | None = None,
     max_input_len: int | None = None,
     hf: bool = False,
+    trace: Any = None,
     **shape: Any,
 ) -> list[Segment]:
     """Segments to replay in sequence: every requested regime x order over the same questions.
@@ -584,17 +585,29 @@ def workload(
     The traffic workloads (eval/traffic.py: gsp, gsp-paced, nsample, multiturn, noshare) go to
     `traffic.segments` with `shape` (their shape fields) and `rate` (None: their own default;
     5 questions/s for the paper workloads); regime, order and questions belong to the paper
-    workloads and are rejected there.
+    workloads and are rejected there. `trace` (eval/mooncake.py's TraceSpec) is the trace
+    workload's (name "trace"); `rate` there rescales its arrivals to that mean rate.
     """
-    from eval import traffic
+    from eval import mooncake, traffic
 
-    if name in traffic.WORKLOADS:
+    if (name == mooncake.NAME) != (trace is not None):
+        raise ValueError(f"--workload {mooncake.NAME} needs a trace file (--trace-file), and a "
+                         f"trace file needs --workload {mooncake.NAME}")
+
+    if name in traffic.WORKLOADS or trace is not None:
         paper = {"regime": (regime, "all"), "order": (order, "both"),
                  "questions": (questions, None), "max_input_len": (max_input_len, None)}
         for key, (value, default) in paper.items():
             if value != default:
                 raise ValueError(f"{key} applies to the paper workloads ({', '.join(WORKLOADS)}) "
                                  f"only, not to {name}")
+        if trace is not None:
+            if shape:
+                raise ValueError(f"{', '.join(sorted(shape))}: shape settings of the traffic "
+                                 f"workloads, not of {name}")
+            if rate is not None:
+                trace = dataclasses.replace(trace, rate=rate)
+            return mooncake.segments(trace, model)
         return traffic.segments(name, model, seed=seed, rate=rate, **shape)
     if shape:
         raise ValueError(f"{', '.join(sorted(shape))}: shape settings of the traffic workloads "

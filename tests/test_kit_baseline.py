@@ -290,10 +290,12 @@ RAW_WRAPPER = '''\
 # The forward timer and the round-cost fit: both wrap upstream's method and call it unchanged.
 RUN_BATCH = '''\
     def run_batch(self, batch, *args, **kwargs):
-        """Upstream's run_batch, with a prefill forward's duration measured around it."""
+        """Upstream's run_batch, with a prefill forward's duration measured around it and every
+        launch's time taken (a prefill round's wall period ends at the loop's next launch)."""
+        self.radixflow.periods.launch(self._radixflow_wall(), observed_prefill(batch))
         if not batch.forward_mode.is_extend():
             return super().run_batch(batch, *args, **kwargs)
-        token = forward_timer.start(self)
+        token = forward_timer.start(self, self._radixflow_wall)
         result = super().run_batch(batch, *args, **kwargs)
         forward_timer.stop(token, result)
         return result
@@ -301,19 +303,32 @@ RUN_BATCH = '''\
 PROCESS_RESULT = '''\
     def process_batch_result(self, batch, result):
         out = super().process_batch_result(batch, result)
-        if batch.forward_mode.is_extend() and not health_checks_only(batch.reqs):
+        if observed_prefill(batch):
             # NOTE: every rank processes the same batches in the same order, so the broadcast
             # inside observe_forward runs on every rank, in order (one per prefill round).
             rows, tokens, pairs = forward_timer.batch_shape(batch)
             host = getattr(batch, _HOST, None)
             # NOTE: set on every rank's copy of this batch, or on none. A simulated forward's
-            # time is the cost model's, so the CPU box's scan time is not fed beside it (the
-            # decisions of a simulated server stay a function of its trace, not of the box's load)
+            # time is the cost model's, so the CPU box's scan time is not fed beside it; the
+            # loop's wall period below is, on every executor (recorded in the trace)
             if forward_timer.simulated(result):
                 host = None
+            # NOTE: the previous prefill round's period: its next launch (this round's, at the
+            # latest) came before this result, with or without overlap
+            k, self._radixflow_processed = self._radixflow_processed, self._radixflow_processed + 1
+            period = (self.radixflow.periods.take(k - 1), self._radixflow_loop_forward)
+            self._radixflow_loop_forward = forward_timer.loop_seconds(result)
             self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result), host,
-                                           pairs=pairs, forward_iter=batch.forward_iter)
+                                           period, pairs=pairs, forward_iter=batch.forward_iter)
         return out
+'''
+# A pass that runs nothing ends the open prefill round's wall period (core/cost.py LaunchPeriods).
+NEXT_BATCH = '''\
+    def get_next_batch_to_run(self, *args, **kwargs):
+        plan = super().get_next_batch_to_run(*args, **kwargs)
+        if plan.batch_to_run is None and self._radixflow is not None:
+            self._radixflow.periods.idle()  # NOTE: a wait is no round's cost
+        return plan
 '''
 # A retracted request re-enters the queue: RadixFlow forgets it, then upstream's method runs.
 REQUEUE = '''\
@@ -328,7 +343,8 @@ REQUEUE = '''\
 '''
 # The Scheduler methods RadixFlowScheduler replaces (anything else is SGLang's own).
 OVERRIDDEN = {"_get_new_batch_prefill_raw", "get_internal_state", "get_new_batch_prefill",
-              "run_batch", "process_batch_result", "_add_request_to_queue"}
+              "run_batch", "process_batch_result", "_add_request_to_queue",
+              "get_next_batch_to_run"}
 
 
 def _drop_hooks(body: list, marked: set[int], errors: list[str]) -> list:
@@ -477,6 +493,7 @@ def test_the_get_new_batch_prefill_override_is_the_reviewed_one():
     assert inspect.getsource(RadixFlowScheduler.run_batch) == RUN_BATCH
     assert inspect.getsource(RadixFlowScheduler.process_batch_result) == PROCESS_RESULT
     assert inspect.getsource(RadixFlowScheduler._add_request_to_queue) == REQUEUE
+    assert inspect.getsource(RadixFlowScheduler.get_next_batch_to_run) == NEXT_BATCH
     replaced = {n for n, v in vars(RadixFlowScheduler).items()
                 if callable(v) and hasattr(sched_mod.Scheduler, n)}
     assert replaced == OVERRIDDEN

@@ -33,7 +33,11 @@ def server(tmp_path_factory):
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1",  # SGLang's own leak check raises
-               RADIXFLOW_SIM_GATE=str(tmp / "gate"))
+               RADIXFLOW_SIM_GATE=str(tmp / "gate"),
+               # NOTE: a round is priced at its wall period (issue 36), on a busy CPU box tens of
+               # ms of host time: recomputing a 2,000-token prefix must cost more than that for
+               # a sibling to wait (at the default 2 us/token it is 4 ms: recomputing wins)
+               RADIXFLOW_SIM_BETA="1e-4")
     env.pop("RADIXFLOW_POLICY", None)
     log = tmp / "server.log"
     cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",

@@ -62,7 +62,7 @@ def test_served_witness_stock_and_radixflow_agree(tmp_path):
         doc = [rng.randrange(1000, 100_000) for _ in range(rng.randrange(1500, 2500))]
         prompts += [doc + [rng.randrange(1000, 100_000) for _ in range(48)] for _ in range(4)]
     runs = {p: _serve_and_generate(p, tmp_path, prompts) for p in ("stock", "radixflow")}
-    for policy, (outputs, witness, metrics, log) in runs.items():
+    for policy, (_outputs, witness, metrics, log) in runs.items():
         assert witness["mismatched"] == 0, (policy, witness["first_mismatches"])
         assert witness["requests"] >= len(prompts) and witness["resumed"] > 0, witness
         assert "radixflow_witness_mismatched_total" in metrics, policy

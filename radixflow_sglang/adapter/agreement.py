@@ -3,8 +3,9 @@
 Wall clocks differ per rank; the gate's clock-dependent outcome is broadcast from the group's
 first rank over SGLang's CPU (gloo) group, as SGLang's PrefillDelayer shares its state
 (managers/prefill_delayer.py `_gather_info`). Rank-identical outcomes are not broadcast.
-A prefill round's measured forward duration and scheduler host time (the round-cost fit's
-inputs) are broadcast the same way, in one collective per round.
+A prefill round's measured forward duration, scheduler host time and the previous round's
+wall period (the round-cost fit's inputs) are broadcast the same way, in one collective per
+round.
 """
 
 from __future__ import annotations

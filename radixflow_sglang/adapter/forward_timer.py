@@ -12,6 +12,7 @@ wall time of the (synchronous) call is used.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -20,17 +21,17 @@ _EVENTS = "_radixflow_events"
 _WALL = "_radixflow_wall_s"
 
 
-def start(sched):
+def start(sched, clock: Callable[[], float] = time.perf_counter):
     if torch.cuda.is_available():
         stream = getattr(sched, "forward_stream", None) or torch.cuda.current_stream()
         ev = torch.cuda.Event(enable_timing=True)
         ev.record(stream)
-        return ("cuda", stream, ev)
-    return ("wall", None, time.perf_counter())
+        return ("cuda", stream, ev, clock)
+    return ("wall", None, clock(), clock)
 
 
 def stop(token, result) -> None:
-    kind, stream, t0 = token
+    kind, stream, t0, clock = token
     if result is None:
         return
     if kind == "cuda":
@@ -38,7 +39,7 @@ def stop(token, result) -> None:
         ev.record(stream)
         setattr(result, _EVENTS, (t0, ev))
     else:
-        setattr(result, _WALL, time.perf_counter() - t0)
+        setattr(result, _WALL, clock() - t0)
 
 
 def seconds(result) -> float:
@@ -51,6 +52,14 @@ def seconds(result) -> float:
         events[1].synchronize()
         return events[0].elapsed_time(events[1]) / 1e3
     return float(getattr(result, _WALL, float("nan")))
+
+
+def loop_seconds(result) -> float:
+    """The forward's share of the loop's wall period (core/cost.py LaunchPeriods): on CPU the
+    synchronous call's wall time (a simulated forward's sleep, and whatever it waited on, are
+    the forward's, not the host's), on a GPU the CUDA events' time."""
+    wall = getattr(result, _WALL, None)
+    return float(wall) if wall is not None else seconds(result)
 
 
 def simulated(result) -> bool:

@@ -21,6 +21,7 @@ from radixflow_sglang.core.admission import Agreement, ArrivalRate, Gate, local_
 from radixflow_sglang.core.cost import (
     GENERIC_PRIOR,
     CostCoeffs,
+    LaunchPeriods,
     RoundCostEstimator,
     RoundView,
     Verdict,
@@ -71,6 +72,10 @@ def cache_grid(sched: Scheduler) -> Grid:
     return Grid(layout, mamba_checkpoint_grid(cache.page_size), cache.page_size)
 
 
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # NOTE: JSON has no NaN
+
+
 class RadixFlowRuntime:
     def __init__(self, cfg: RadixFlowConfig, grid: Grid, overlap: bool, *,
                  clock=time.monotonic, sleep: Sleep = time.sleep,
@@ -89,6 +94,8 @@ class RadixFlowRuntime:
         tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta,
                                        self.spec.cost_aware)
         self.cost = RoundCostEstimator(prior or GENERIC_PRIOR)
+        # NOTE: a server's loop feeds its launches (adapter/scheduler.py); the kit feeds none
+        self.periods = LaunchPeriods()
         self.share_forward = local_share  # NOTE: a server broadcasts rank 0's values
         self.arrivals = ArrivalRate()  # NOTE: new waiting-queue entries, this rank's clock
         self.arrival_rate = 0.0  # rank 0's, agreed with each prefill forward (the wait rule)
@@ -98,7 +105,7 @@ class RadixFlowRuntime:
         self.theta = tcfg.theta  # NOTE: the resolved default, for /server_info
         # NOTE: a boundary publishes for later requests: nothing to publish without reuse.
         self.boundary = BoundaryPublisher(cfg.boundaries if reuse else "off", grid,
-                                          cost=lambda: self.cost.coeffs)
+                                          cost=lambda: self.cost.round_coeffs)
         if self.spec.cost_aware:
             self.boundary.older_by = self._older_by
         self.totals = Totals()
@@ -187,10 +194,9 @@ class RadixFlowRuntime:
         q = sched.waiting_queue
         if not q or len(self.traversal.waits) or sched.chunked_req is not None:
             return False
-        host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
         return never_waits(self.cost.decision_coeffs, [req_len(r) for r in q], running(sched),
-                           int(budget_left(adder)), sched.max_running_requests, host,
-                           adder.page_size)
+                           int(budget_left(adder)), sched.max_running_requests,
+                           self._round_host_s(), adder.page_size)
 
     def _count_arrivals(self, queue) -> None:
         """Requests that entered the waiting queue since the last scan (a retracted one re-enters:
@@ -363,11 +369,18 @@ class RadixFlowRuntime:
 
     def _view(self, req: Req, adder: PrefillAdder, siblings: int,
               producer: str | None = None) -> RoundView:
-        # NOTE: a round's host time adds to its latency only without overlap
-        host = 0.0 if self.traversal.cfg.lag > 1 else self.cost.host_s
+        host = self._round_host_s()
         tied = int(self._tied(req, producer, adder))
         return self._scan_view().view(req, adder, siblings, host, self.arrival_rate, tied,
                                self._older_by(req, adder))
+
+    def _round_host_s(self) -> float:
+        """Host time the wait rule adds to a round beside the coefficients': none once the
+        round's wall period is measured (it is in their fixed cost then, overlap included);
+        else the measured scan time, only without overlap (it hides behind the forward)."""
+        if self.cost.measures_wall or self.traversal.cfg.lag > 1:
+            return 0.0
+        return self.cost.host_s
 
     def _older_by(self, req: Req, adder: PrefillAdder) -> float:
         """Seconds the oldest request finishing with this round arrived before `req` (agreed
@@ -459,26 +472,34 @@ class RadixFlowRuntime:
             getattr(prior, "source", "custom")))
 
     def observe_forward(self, rows: int, tokens: int, seconds: float,
-                        host: float | None = None, **extra) -> float:
+                        host: float | None = None,
+                        period: tuple[float, float] | None = None, **extra) -> float:
         """One prefill forward's measured duration: agreed across ranks (rank 0's value),
         recorded in the trace, fed to the round-cost fit. Every rank must call it for every
         prefill forward in the same order (it runs a collective in a server). `host`: the
         round's scheduler CPU time, agreed in the same broadcast and fed as `observe_host`
         (None on every rank, or on none). The cost-aware rule's arrival rate (a clock reading)
         rides the same broadcast. `extra`: `pairs` (full-attention query-key pairs, fitted as a
-        term) and anything worth tracing."""
+        term) and anything worth tracing. `period`: the previous prefill round's wall period
+        (LaunchPeriods; NaN: unknown) and that round's forward as the loop's wall saw it,
+        agreed in the same broadcast and fed to the wall overhead every decision prices a round
+        with (None on every rank, or on none: the kit feeds none)."""
         rated = self.spec.cost_aware and self.traversal is not None
-        values = (seconds,) + (() if host is None else (host,))
+        values = (seconds,) + (() if host is None else (host,)) + (period or ())
         if rated:
             now = self.clock()
             values += (now, self.arrivals.rate(now))
-        agreed = self.share_forward(*values)
-        seconds = float(agreed[0])
+        agreed = iter(self.share_forward(*values))
+        seconds = float(next(agreed))
         if host is not None:
-            self.cost.observe_host(float(agreed[1]))
+            self.cost.observe_host(float(next(agreed)))
+        if period is not None:
+            p, f = float(next(agreed)), float(next(agreed))
+            self.cost.observe_period(p, f)
+            extra |= {"period_s": _finite(p), "period_forward_s": _finite(f),
+                      "wall_s": self.cost.wall_s}  # NOTE: what decisions add to a round now
         if rated:
-            self.arrival_rate = float(agreed[-1])
-            self.agreed_now = float(agreed[-2])
+            self.agreed_now, self.arrival_rate = (float(v) for v in agreed)
         pairs = float(extra.get("pairs", 0.0))
         accepted = self.cost.observe(rows, tokens, seconds, pairs)
         self._emit({"event": "forward", "round": self.round, "rows": rows,

@@ -28,6 +28,9 @@ class RadixFlowScheduler(Scheduler):
     _radixflow: RadixFlowRuntime | None = None
     _radixflow_held = False  # this pass's hold decision (read by _get_new_batch_prefill_raw)
     _radixflow_native = False  # this pass runs SGLang's own scan (health checks only)
+    _radixflow_wall = staticmethod(time.perf_counter)  # the launch periods' clock (tests: fake)
+    _radixflow_processed = 0  # observed prefill rounds processed (LaunchPeriods' numbering)
+    _radixflow_loop_forward = float("nan")  # the last processed one's forward, loop wall time
 
     @property
     def radixflow(self) -> RadixFlowRuntime:
@@ -49,29 +52,42 @@ class RadixFlowScheduler(Scheduler):
         self._radixflow.dp_rank = dp_rank_of(self)  # NOTE: DP ranks share one trace file
         return self._radixflow
 
+    def get_next_batch_to_run(self, *args, **kwargs):
+        plan = super().get_next_batch_to_run(*args, **kwargs)
+        if plan.batch_to_run is None and self._radixflow is not None:
+            self._radixflow.periods.idle()  # NOTE: a wait is no round's cost
+        return plan
+
     def run_batch(self, batch, *args, **kwargs):
-        """Upstream's run_batch, with a prefill forward's duration measured around it."""
+        """Upstream's run_batch, with a prefill forward's duration measured around it and every
+        launch's time taken (a prefill round's wall period ends at the loop's next launch)."""
+        self.radixflow.periods.launch(self._radixflow_wall(), observed_prefill(batch))
         if not batch.forward_mode.is_extend():
             return super().run_batch(batch, *args, **kwargs)
-        token = forward_timer.start(self)
+        token = forward_timer.start(self, self._radixflow_wall)
         result = super().run_batch(batch, *args, **kwargs)
         forward_timer.stop(token, result)
         return result
 
     def process_batch_result(self, batch, result):
         out = super().process_batch_result(batch, result)
-        if batch.forward_mode.is_extend() and not health_checks_only(batch.reqs):
+        if observed_prefill(batch):
             # NOTE: every rank processes the same batches in the same order, so the broadcast
             # inside observe_forward runs on every rank, in order (one per prefill round).
             rows, tokens, pairs = forward_timer.batch_shape(batch)
             host = getattr(batch, _HOST, None)
             # NOTE: set on every rank's copy of this batch, or on none. A simulated forward's
-            # time is the cost model's, so the CPU box's scan time is not fed beside it (the
-            # decisions of a simulated server stay a function of its trace, not of the box's load)
+            # time is the cost model's, so the CPU box's scan time is not fed beside it; the
+            # loop's wall period below is, on every executor (recorded in the trace)
             if forward_timer.simulated(result):
                 host = None
+            # NOTE: the previous prefill round's period: its next launch (this round's, at the
+            # latest) came before this result, with or without overlap
+            k, self._radixflow_processed = self._radixflow_processed, self._radixflow_processed + 1
+            period = (self.radixflow.periods.take(k - 1), self._radixflow_loop_forward)
+            self._radixflow_loop_forward = forward_timer.loop_seconds(result)
             self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result), host,
-                                           pairs=pairs, forward_iter=batch.forward_iter)
+                                           period, pairs=pairs, forward_iter=batch.forward_iter)
         return out
 
     def _add_request_to_queue(self, req, is_retracted: bool = False):
@@ -123,6 +139,11 @@ class RadixFlowScheduler(Scheduler):
             # host time a round adds without overlap (core/cost.py RoundView.host_s)
             setattr(ret, _HOST, time.perf_counter() - t0)
         return ret, running_batch
+
+
+def observed_prefill(batch) -> bool:
+    """A prefill round the round-cost fit sees: an extend batch of more than health checks."""
+    return batch.forward_mode.is_extend() and not health_checks_only(batch.reqs)
 
 
 def health_checks_only(reqs) -> bool:

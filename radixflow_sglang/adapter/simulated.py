@@ -191,8 +191,9 @@ class SimulatedWorker(TpModelWorker):
         mr = self._model_runner
         chunk = getattr(self.model_config.hf_text_config, "mamba_chunk_size", 64)
         # NOTE: not strict: a served mismatch is counted, logged and shown in /server_info
+        metrics = witness_metrics(self.server_args.enable_metrics)
         self.witness = Witness(mr.req_to_token_pool, mr.token_to_kv_pool, self.vocab, chunk,
-                               strict=False, metrics=witness_metrics(self.server_args.enable_metrics))
+                               strict=False, metrics=metrics)
         return self.witness
 
     # --- the forward -------------------------------------------------------------------

@@ -130,6 +130,8 @@ class RoundCostEstimator:
         self.rejected = 0
         self.last_s = math.nan
         self._host: deque[float] = deque(maxlen=window)  # scheduler host s per prefill round
+        # NOTE: a prefill round's wall period less its forward (LaunchPeriods), per round
+        self._wall: deque[float] = deque(maxlen=window)
 
     @property
     def coeffs(self) -> CostCoeffs:
@@ -150,7 +152,23 @@ class RoundCostEstimator:
 
     @property
     def decision_coeffs(self) -> CostCoeffs:
-        """The fit, level-corrected while it mispredicts the recent forwards (class docstring)."""
+        """The fit, level-corrected while it mispredicts the recent forwards (class docstring),
+        a round priced at its wall time (`walled`)."""
+        return self.walled(self._level_coeffs())
+
+    @property
+    def round_coeffs(self) -> CostCoeffs:
+        """The fit (no level correction) with a round priced at its wall time (`walled`)."""
+        return self.walled(self.coeffs)
+
+    def walled(self, c: CostCoeffs) -> CostCoeffs:
+        """`c` with the measured wall overhead of a round (`wall_s`) in its fixed cost: the loop's
+        host parts a round costs besides its forward. Unchanged before any period is measured."""
+        if not self._wall:
+            return c
+        return CostCoeffs(c.alpha + self.wall_s, c.beta, c.gamma, c.delta, c.source + "+wall")
+
+    def _level_coeffs(self) -> CostCoeffs:
         c = self.coeffs
         if self.trusted:
             return c
@@ -214,6 +232,25 @@ class RoundCostEstimator:
             return 0.0
         return sorted(self._host)[len(self._host) // 2]
 
+    def observe_period(self, period: float, forward: float) -> None:
+        """One prefill round's wall period (LaunchPeriods) and its forward: the rest is the wall
+        time the loop's host parts add to a round (under overlap only what its forward did not
+        hide; never below 0)."""
+        if 0 <= period < math.inf and 0 <= forward < math.inf:
+            self._wall.append(max(0.0, period - forward))
+
+    @property
+    def measures_wall(self) -> bool:
+        """A round's wall overhead is measured (it is then in `walled`'s fixed cost)."""
+        return bool(self._wall)
+
+    @property
+    def wall_s(self) -> float:
+        """Median wall overhead per prefill round over the last `window` (0 before any)."""
+        if not self._wall:
+            return 0.0
+        return sorted(self._wall)[len(self._wall) // 2]
+
     def _pred(self, x: list[float]) -> float:
         return sum(xi * ti for xi, ti in zip(x, self._t, strict=True))
 
@@ -233,8 +270,42 @@ class RoundCostEstimator:
         c = self.coeffs
         return {"alpha_s": c.alpha, "beta_s": c.beta, "gamma_s": c.gamma, "delta_s": c.delta,
                 "source": c.source, "observed": self.observed, "rejected": self.rejected,
-                "trusted": self.trusted, "host_s": self.host_s,
+                "trusted": self.trusted, "host_s": self.host_s, "wall_s": self.wall_s,
+                "periods": len(self._wall),
                 "last_forward_s": None if math.isnan(self.last_s) else self.last_s}
+
+
+class LaunchPeriods:
+    """The scheduler loop's wall period of each prefill round: from its launch to the loop's
+    next launch (of any batch), when no pass between them went idle. For two prefills in a
+    row that is the period between their launches: the forward plus every host part (result
+    processing, streaming, the next scan and batch preparation); under overlap what the
+    forward did not hide. Prefill rounds are numbered in launch order from 0; `take(k)` hands
+    round k's period out once (NaN: unknown, the loop went idle or round k is still open).
+    Pure: the caller passes the clock's readings."""
+
+    def __init__(self) -> None:
+        self._open: tuple[int, float] | None = None
+        self._done: dict[int, float] = {}
+        self.launched = 0  # prefill rounds launched
+
+    def launch(self, now: float, prefill: bool) -> None:
+        if self._open is not None:
+            k, t = self._open
+            self._done[k] = now - t
+        self._open = None
+        if prefill:
+            self._open = (self.launched, now)
+            self.launched += 1
+
+    def idle(self) -> None:
+        """A loop pass launched nothing: the open round's period would include the wait."""
+        self._open = None
+
+    def take(self, k: int) -> float:
+        for old in [j for j in self._done if j < k]:
+            del self._done[old]  # NOTE: never taken (bounded: rounds are taken in order)
+        return self._done.pop(k, math.nan)
 
 
 # --------------------------------------------------------------------------------------------
