@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from eval.jsonl import DataError
+from eval.jsonl import read_jsonl as _read_jsonl
 from eval.requests import SYNTHETIC_ID_RANGE, Branch, Question, Segment
-from eval.workload import DataError, _read_jsonl
 from radixflow_sglang import models
 
 NAME = "trace"

@@ -16,18 +16,19 @@ of sglang imports, so the replay driver, the tests and offline analysis can all 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import random
 import re
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eval.jsonl import DataError  # noqa: F401  (re-exported: loaders raise it)
+from eval.jsonl import read_jsonl as _read_jsonl
 from eval.requests import (  # noqa: F401  (the workload's types, re-exported)
     SYNTHETIC_ID_RANGE,
     Branch,
@@ -54,10 +55,6 @@ LETTERS = "ABCD"
 REGIMES = ("cold", "mixed", "reuse")
 ORDERS = ("forward", "reverse")
 WORKLOADS = ("race", "quality", "mix", "synthetic", "synthetic-race", "synthetic-quality")
-
-
-class DataError(ValueError):
-    """A malformed input record; the message names the file and the line."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,24 +147,6 @@ def _resolve(path: str | Path | None, names: Sequence[str], what: str) -> Path:
         if (base / name).is_file():
             return base / name
     raise FileNotFoundError(f"{what}: none of {list(names)} under {base}")
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open("rb") as f:  # NOTE: decode per line so a bad byte names its line
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path} line {lineno}: not UTF-8 ({e.reason})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path} line {lineno}: malformed JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path} line {lineno}: expected a JSON object")
-            yield lineno, row
 
 
 def _field(row: dict[str, Any], key: str, kind: type, where: str) -> Any:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -406,15 +405,11 @@ BOOL_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "boolea
 
 @pytest.fixture(scope="module", params=["stock", "radixflow"])
 def feature_server(request, tmp_path_factory):
-    from radixflow_sglang.testing.server import Server, free_port
+    from radixflow_sglang.testing.server import Server, free_port, strict_launcher
 
     tmp = tmp_path_factory.mktemp(f"features-{request.param}")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
-    env.update(PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
-    cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
-           "--port", str(port), "--radixflow-policy", request.param,
-           "--radixflow-executor", "simulated"]
+    cmd, env = strict_launcher(request.param, port)
     with Server(cmd, env, tmp / "server.log", port, cwd=ROOT) as srv:
         srv.wait_ready(600)  # NOTE: a hang bound
         yield srv

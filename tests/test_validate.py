@@ -9,11 +9,9 @@ good ones; before the patch an empty prompt killed the scheduler (release_kv_cac
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -147,15 +145,11 @@ def error_text(body: Any) -> str:
 
 @pytest.fixture(scope="module", params=["stock", "radixflow"])
 def server(request, tmp_path_factory):
-    from radixflow_sglang.testing.server import Server, free_port
+    from radixflow_sglang.testing.server import Server, free_port, strict_launcher
 
     tmp = tmp_path_factory.mktemp(f"validate-{request.param}")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
-    env.update(PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
-    cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
-           "--port", str(port), "--radixflow-policy", request.param,
-           "--radixflow-executor", "simulated"]
+    cmd, env = strict_launcher(request.param, port)
     with Server(cmd, env, tmp / "server.log", port, cwd=ROOT) as srv:
         srv.wait_ready(400)
         yield srv

@@ -200,6 +200,16 @@ class Server:
             pass
 
 
+def strict_launcher(policy: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of `python -m radixflow_sglang.launch_server` on the simulated
+    executor, with SGLang's strict idle memory check on and no RADIXFLOW_* variable inherited."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXFLOW_")}
+    env.update(PYTHONUNBUFFERED="1", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
+    cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
+           "--port", str(port), "--radixflow-policy", policy, "--radixflow-executor", "simulated"]
+    return cmd, env
+
+
 def request_json(url: str, body: dict | None = None, timeout: float = 60.0) -> tuple[int, Any]:
     """POST `body` as JSON (GET when None); returns (status, decoded JSON or None)."""
     data = None if body is None else json.dumps(body).encode()
