@@ -313,8 +313,3 @@ def run_deferred_mamba_cow(pool, batch) -> None:
 def _first_full_layer(kv_pool) -> int:
     mapping = getattr(kv_pool, "full_attention_layer_id_mapping", None)
     return min(mapping) if mapping else 0
-
-
-def _per_slot(buf: torch.Tensor) -> int:
-    """int16 words per KV slot / 4 (a bfloat16 head_dim-4 slot is exactly 4 words)."""
-    return max(1, buf[0].numel() * buf.element_size() // 8)

@@ -80,25 +80,12 @@ class Hasher:
             raise ValueError(f"fingerprint: token id outside [0, {MAX_TOKEN})")
         return (tok % _P[k] + 1) * self.powers(k, start + len(tok))[start:] % _P[k]
 
-    def prefix_table(self, tokens) -> tuple[np.ndarray, np.ndarray]:
-        """Cumulative hashes: entry j covers tokens[:j + 1] (reduce mod P when reading)."""
-        return tuple(np.cumsum(self.terms(tokens, 0, k)) for k in range(2))  # type: ignore
-
     def of(self, tokens) -> Fp:
         """The fingerprint of exactly `tokens` (from scratch)."""
         if len(tokens) == 0:
             return EMPTY
         h = [int(self.terms(tokens, 0, k).sum() % _P[k]) for k in range(2)]
         return Fp(len(tokens), h[0], h[1])
-
-    def advance(self, fp: Fp, tokens, start: int) -> Fp:
-        """`fp` advanced by `tokens` at positions start, start+1, ... (what a forward does to
-        whatever state it was handed: it does not know whether that state was right)."""
-        if len(tokens) == 0:
-            return fp
-        h = [(v + int(self.terms(tokens, start, k).sum())) % _P[k]
-             for k, v in enumerate((fp.h1, fp.h2))]
-        return Fp(fp.n + len(tokens), h[0], h[1])
 
     def step(self, fp: Fp, token: int, pos: int) -> Fp:
         """`fp` advanced by one token at `pos` (a decode step)."""
