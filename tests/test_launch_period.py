@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch.multiprocessing as mp
 
 from radixflow_sglang.core.cost import GENERIC_PRIOR, LaunchPeriods, RoundCostEstimator
+from radixflow_sglang.testing.ranks import gloo_pair
+from radixflow_sglang.testing.server import free_port
 
 
 def test_periods_run_from_a_prefill_launch_to_the_next_launch_while_busy():
@@ -132,12 +133,6 @@ def test_the_loop_feeds_each_prefill_rounds_period_with_its_forward(tmp_path):
 # --- rank agreement -----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _period_ranks(rank: int, port: int, out) -> None:
     import torch.distributed as dist
 
@@ -146,17 +141,7 @@ def _period_ranks(rank: int, port: int, out) -> None:
     from radixflow_sglang.config import RadixFlowConfig
     from radixflow_sglang.core.grid import Grid, Layout
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    calls = [0]
-    real = dist.broadcast
-
-    def counted(*a, **kw):
-        calls[0] += 1
-        return real(*a, **kw)
-
-    dist.broadcast = counted
-    try:
+    with gloo_pair(rank, port) as calls:
         rt = RadixFlowRuntime(RadixFlowConfig(policy="radixflow"), Grid(Layout.FULL, 1), False,
                               clock=lambda: 100.0 + rank)
         rt.share_forward = forward_share(dist.group.WORLD)
@@ -167,15 +152,12 @@ def _period_ranks(rank: int, port: int, out) -> None:
                                (period, 0.005 + 0.002 * rank))
         c = rt.cost.decision_coeffs
         out[rank] = (rt.cost.wall_s, c.alpha, c.beta, rt.agreed_now, calls[0])
-    finally:
-        dist.broadcast = real
-        dist.destroy_process_group()
 
 
 def test_tp_ranks_agree_on_the_rounds_wall_period_in_the_forwards_broadcast():
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_period_ranks, args=(_free_port(), out), nprocs=2, join=True)
+        mp.spawn(_period_ranks, args=(free_port(), out), nprocs=2, join=True)
         r0, r1 = out[0], out[1]
     assert r0 == r1
     assert r0[0] == pytest.approx(0.027)  # rank 0's: median of 30+k - 5 ms, k = 1..3

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from eval import mooncake, replay, run_arms, sweep
+from eval.twin import lcp
 from eval.workload import DataError, workload
 
 MODEL = "qwen3.5-0.8b"
@@ -29,15 +30,6 @@ def write_trace(path: Path, records=RECORDS, extra: list[str] = ()) -> Path:
              for t, n, o, h in records]
     path.write_text("\n".join([*lines, *extra]) + "\n")
     return path
-
-
-def lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def prompts(spec: mooncake.TraceSpec) -> list[list[int]]:

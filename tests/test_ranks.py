@@ -4,12 +4,11 @@ own agreement broadcast); a mismatch blocks a rank until the group's timeout fai
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch.multiprocessing as mp
 
-from radixflow_sglang.testing.ranks import Scenario, run_ranks
+from radixflow_sglang.testing.ranks import Scenario, gloo_pair, run_ranks
+from radixflow_sglang.testing.server import free_port
 
 # DP attention: rank 0's queue holds a lone arrival while rank 1's is empty (then gets one).
 DP = {0: {0: ("a",)}, 1: {6: ("b",)}}
@@ -23,18 +22,12 @@ SCENARIOS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results():
     """Both ranks run every scenario in one spawn (each rank imports SGLang once)."""
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(run_ranks, args=(SCENARIOS, _free_port(), out), nprocs=2, join=True)
+        mp.spawn(run_ranks, args=(SCENARIOS, free_port(), out), nprocs=2, join=True)
         return {n: (out[(n, 0)], out[(n, 1)]) for n in range(len(SCENARIOS))}
 
 
@@ -65,23 +58,10 @@ def _share_ranks(rank: int, port: int, out) -> None:
 
     from radixflow_sglang.adapter.agreement import forward_share
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    calls = [0]
-    real = dist.broadcast
-
-    def counted(*a, **kw):
-        calls[0] += 1
-        return real(*a, **kw)
-
-    dist.broadcast = counted
-    try:
+    with gloo_pair(rank, port) as calls:
         share = forward_share(dist.group.WORLD)
         # NOTE: each rank's clock measured a slightly different round
         out[rank] = (share(0.1 + rank, 0.004 + rank), share(0.2 + rank), calls[0])
-    finally:
-        dist.broadcast = real
-        dist.destroy_process_group()
 
 
 def test_tp_ranks_agree_on_a_rounds_forward_and_host_time_in_one_broadcast():
@@ -89,7 +69,7 @@ def test_tp_ranks_agree_on_a_rounds_forward_and_host_time_in_one_broadcast():
     collective per round (issue 11: they were two)."""
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_share_ranks, args=(_free_port(), out), nprocs=2, join=True)
+        mp.spawn(_share_ranks, args=(free_port(), out), nprocs=2, join=True)
         r0, r1 = out[0], out[1]
     assert r0[0] == r1[0] == (0.1, 0.004) and r0[1] == r1[1] == (0.2,)
     assert r0[2] == r1[2] == 2  # one broadcast per call, whatever the number of values

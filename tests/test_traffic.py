@@ -16,18 +16,10 @@ import pytest
 
 from eval import client, replay, traffic
 from eval import workload as wl
+from eval.twin import lcp
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "qwen3.5-4b"
-
-
-def lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def seg_of(name: str, seed: int = 0, rate: float | None = None, **shape) -> wl.Segment:

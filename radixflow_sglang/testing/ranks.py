@@ -14,6 +14,8 @@ other blocked in it until the group's timeout fails the run.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import SimpleNamespace
@@ -139,3 +141,26 @@ def _run(rank: int, scenario: Scenario, group) -> RankResult:
         rnd = k.step()
         rounds.append(rnd.rids if rnd is not None else None)
     return RankResult(rank, rounds, gathers[0], broadcasts[0])
+
+
+@contextmanager
+def gloo_pair(rank: int, port: int) -> Iterator[list[int]]:
+    """A two-rank gloo group on 127.0.0.1 for this spawned rank; yields the number of
+    `dist.broadcast` calls made inside (a list of one int), then restores and tears down."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    calls = [0]
+    real = dist.broadcast
+
+    def counted(*a, **kw):
+        calls[0] += 1
+        return real(*a, **kw)
+
+    dist.broadcast = counted
+    try:
+        yield calls
+    finally:
+        dist.broadcast = real
+        dist.destroy_process_group()
