@@ -133,6 +133,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("drain_timeout", float, 30.0, "seconds SIGTERM waits for in-flight requests before "
             "it aborts them and the server exits (SGLang alone waits without bound); new "
             "requests get 503 meanwhile", low=0, high=86_400, unit=" s"),
+    Setting("round_overhead_ms", float, None, "the host time a prefill round adds besides its "
+            "forward, as every wait decision prices it; default: measured (the median wall "
+            "period less the forward over the last 32 prefill rounds). Pin it to make "
+            "decisions independent of host load", low=0, high=60_000, unit=" ms"),
 )
 LAUNCHER_SETTINGS: tuple[Setting, ...] = (
     Setting("executor", str, None, "model (GPU) or simulated (CPU cost model); default: model "
@@ -157,6 +161,7 @@ class RadixFlowConfig:
     boundaries: str = "both"  # publication boundaries (core/boundary.py MODES)
     chat_boundary: str = "off"  # the chat system message as a declared boundary
     drain_timeout: float = 30.0  # seconds a SIGTERM drain waits before aborting (adapter/drain.py)
+    round_overhead_ms: float | None = None  # a round's host overhead, pinned (None: measured)
 
     def __post_init__(self) -> None:
         for f in fields(self):

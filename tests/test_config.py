@@ -59,7 +59,7 @@ def test_the_config_is_frozen_and_checked_when_built() -> None:
 
 def test_environment_round_trip_for_every_setting(tmp_path) -> None:
     cfg = RadixFlowConfig(policy="radixflow-frag", admission_ms=2.5, theta=300, park_margin=0,
-                          frag_cap=7, trace=str(tmp_path / "t.jsonl"))
+                          frag_cap=7, trace=str(tmp_path / "t.jsonl"), round_overhead_ms=12.5)
     env = {k: v for k, v in cfg.to_env().items() if v is not None}
     assert set(env) == {s.var for s in SETTINGS}
     assert config_from_env(env) == cfg
@@ -73,6 +73,7 @@ def test_environment_round_trip_for_every_setting(tmp_path) -> None:
     ("RADIXFLOW_ADMISSION_MS", "soon", "'soon' is not a number"),
     ("RADIXFLOW_THETA", "1.5", "'1.5' is not an integer"),
     ("RADIXFLOW_FRAG_CAP", "1001", "1001 is outside the allowed range [0, 1000]"),
+    ("RADIXFLOW_ROUND_OVERHEAD_MS", "-1", "-1 is outside the allowed range [0, 60000] ms"),
     ("RADIXFLOW_TRACE", "/no/such/dir/t.jsonl", "directory /no/such/dir does not exist"),
 ])
 def test_variable_errors_name_the_variable(var: str, text: str, problem: str) -> None:

@@ -49,6 +49,24 @@ def test_a_rounds_wall_overhead_enters_the_fixed_cost_decisions_read():
     assert est.as_dict()["wall_s"] == est.wall_s and est.as_dict()["periods"] == 4
 
 
+def test_a_pinned_overhead_prices_every_round_whatever_the_periods_measure():
+    """--radixflow-round-overhead-ms: decisions a busy host cannot move (the periods are still
+    recorded for the trace)."""
+    from radixflow_sglang.adapter.runtime import RadixFlowRuntime
+    from radixflow_sglang.config import RadixFlowConfig
+    from radixflow_sglang.core.grid import Grid, Layout
+
+    est = RoundCostEstimator(GENERIC_PRIOR, wall=0.02)
+    assert est.measures_wall and est.wall_s == 0.02  # before any period
+    for period in (0.300, 0.250, 0.400):  # a cold, loaded host
+        est.observe_period(period, 0.005)
+    assert est.wall_s == 0.02 and est.as_dict()["periods"] == 3 and est.as_dict()["wall_pinned"]
+    assert est.decision_coeffs.alpha == pytest.approx(est.coeffs.alpha + 0.02)
+    rt = RadixFlowRuntime(RadixFlowConfig(round_overhead_ms=20), Grid(Layout.FULL, 1), False)
+    rt.use_prior(GENERIC_PRIOR)  # NOTE: a restarted fit keeps the pin
+    assert rt.cost.wall_s == 0.02 and rt._round_host_s() == 0.0
+
+
 # --- the scheduler's hooks, on SGLang's Scheduler class with a stub worker ------------------
 
 

@@ -158,7 +158,8 @@ def test_the_plugin_says_when_radixflow_is_active_and_with_which_policy():
     described = policy_spec("traversal").describe()
     assert "state-ready traversal" in described
     settings = ("policy=traversal admission_ms=off theta=default park_margin=1 frag_cap=2 "
-                "trace=default boundaries=both chat_boundary=off drain_timeout=30.0")
+                "trace=default boundaries=both chat_boundary=off drain_timeout=30.0 "
+                "round_overhead_ms=default")
     assert lines == [f"[radixflow] RadixFlow active (plugin): policy traversal: {described}; "
                      f"settings {settings}; request checks on"]
 

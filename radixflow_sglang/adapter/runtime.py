@@ -93,7 +93,9 @@ class RadixFlowRuntime:
         self.clock = clock
         tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta,
                                        self.spec.cost_aware)
-        self.cost = RoundCostEstimator(prior or GENERIC_PRIOR)
+        ms = cfg.round_overhead_ms
+        self._wall = None if ms is None else ms / 1e3  # NOTE: pinned; None: measured
+        self.cost = RoundCostEstimator(prior or GENERIC_PRIOR, wall=self._wall)
         # NOTE: a server's loop feeds its launches (adapter/scheduler.py); the kit feeds none
         self.periods = LaunchPeriods()
         self.share_forward = local_share  # NOTE: a server broadcasts rank 0's values
@@ -469,7 +471,7 @@ class RadixFlowRuntime:
         """Restart the round-cost fit from `prior` (anything with alpha/beta/gamma[/delta])."""
         self.cost = RoundCostEstimator(CostCoeffs(
             prior.alpha, prior.beta, prior.gamma, getattr(prior, "delta", 0.0),
-            getattr(prior, "source", "custom")))
+            getattr(prior, "source", "custom")), wall=self._wall)
 
     def observe_forward(self, rows: int, tokens: int, seconds: float,
                         host: float | None = None,

@@ -110,8 +110,9 @@ class RoundCostEstimator:
 
     def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 0.1, forget: float = 0.998,
                  reject: float = 6.0, huber: float = 2.0, window: int = 32, settle: int = 3,
-                 trust: float = 0.5) -> None:
+                 trust: float = 0.5, wall: float | None = None) -> None:
         self.prior = prior
+        self.wall_fixed = wall  # NOTE: --radixflow-round-overhead-ms: the wall overhead, pinned
         self.n0 = prior_rounds
         self.forget = forget
         self.reject_k, self.huber_k = reject, huber
@@ -164,7 +165,7 @@ class RoundCostEstimator:
     def walled(self, c: CostCoeffs) -> CostCoeffs:
         """`c` with the measured wall overhead of a round (`wall_s`) in its fixed cost: the loop's
         host parts a round costs besides its forward. Unchanged before any period is measured."""
-        if not self._wall:
+        if not self.measures_wall:
             return c
         return CostCoeffs(c.alpha + self.wall_s, c.beta, c.gamma, c.delta, c.source + "+wall")
 
@@ -241,12 +242,16 @@ class RoundCostEstimator:
 
     @property
     def measures_wall(self) -> bool:
-        """A round's wall overhead is measured (it is then in `walled`'s fixed cost)."""
-        return bool(self._wall)
+        """A round's wall overhead is known, measured or pinned (it is then in `walled`'s
+        fixed cost)."""
+        return bool(self._wall) or self.wall_fixed is not None
 
     @property
     def wall_s(self) -> float:
-        """Median wall overhead per prefill round over the last `window` (0 before any)."""
+        """Median wall overhead per prefill round over the last `window` (0 before any), or
+        the pinned one (`wall`): decisions then never read a clock-derived figure."""
+        if self.wall_fixed is not None:
+            return self.wall_fixed
         if not self._wall:
             return 0.0
         return sorted(self._wall)[len(self._wall) // 2]
@@ -271,7 +276,7 @@ class RoundCostEstimator:
         return {"alpha_s": c.alpha, "beta_s": c.beta, "gamma_s": c.gamma, "delta_s": c.delta,
                 "source": c.source, "observed": self.observed, "rejected": self.rejected,
                 "trusted": self.trusted, "host_s": self.host_s, "wall_s": self.wall_s,
-                "periods": len(self._wall),
+                "periods": len(self._wall), "wall_pinned": self.wall_fixed is not None,
                 "last_forward_s": None if math.isnan(self.last_s) else self.last_s}
 
 
