@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One entry point for a fresh machine: `bash scripts/run.sh serve|test|replay|lint [args...]`.
+# One entry point for a fresh machine: `bash scripts/run.sh serve|test|live|replay|lint [args...]`.
 # Creates .venv on first use (sglang==0.5.23 and its full dependency set: ~9 min, ~11 GB),
 # then reinstalls only when pyproject.toml changes.
 set -euo pipefail
@@ -23,8 +23,9 @@ cmd="${1:-test}"; shift || true
 case "$cmd" in
   serve)  exec "$PY" -m radixflow_sglang.launch_server "$@" ;;
   test)   "$PY" -m ruff check radixflow_sglang eval tests
-          exec "$PY" -m pytest -q "$@" ;;
+          exec "$PY" -m pytest -q -m "not live" "$@" ;;
+  live)   exec "$PY" -m pytest -q -m live "$@" ;;  # whole eval runs on live servers (~15 min)
   replay) exec "$PY" -m eval.replay "$@" ;;
   lint)   exec "$PY" -m ruff check radixflow_sglang eval tests ;;
-  *)      echo "usage: bash scripts/run.sh {serve|test|replay|lint} [args...]" >&2; exit 2 ;;
+  *)      echo "usage: bash scripts/run.sh {serve|test|live|replay|lint} [args...]" >&2; exit 2 ;;
 esac

@@ -225,6 +225,7 @@ def test_a_failed_bench_run_is_a_row_with_its_error(tmp_path):
     assert "| radixflow | FAILED: ServerError: x/y |" in report
 
 
+@pytest.mark.live
 @pytest.mark.slow
 def test_bench_serving_against_stock_and_radixflow(tmp_path):
     """SGLang's own bench_serving, gsp then random-ids, one real server per policy."""

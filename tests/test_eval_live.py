@@ -188,6 +188,7 @@ def test_calibrate_drops_idle_gaps_and_holds():
         {"rows": 1, "scheduled_tokens": 10, "duration_s": pytest.approx(0.1)}]
 
 
+@pytest.mark.live
 @pytest.mark.slow
 def test_run_arms_end_to_end(tmp_path):
     out = tmp_path / "arms"

@@ -179,6 +179,7 @@ def test_report_puts_live_and_twin_side_by_side_with_ratios_vs_stock(tmp_path):
     assert "simulated executor cost model" in text
 
 
+@pytest.mark.live
 @pytest.mark.slow  # two real servers (stock, radixflow), minutes each on 2 busy cores
 def test_run_arms_gsp_paced_end_to_end(tmp_path):
     out = tmp_path / "paced"
