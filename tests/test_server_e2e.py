@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -159,6 +160,28 @@ def test_metrics_count_radixflow_rounds(server):
     assert quiet and float(quiet[0].rsplit(" ", 1)[1]) == info["quiet_scans"]
     kept = [ln for ln in text.splitlines() if ln.startswith("radixflow_newcomer_deferred_total")]
     assert kept and float(kept[0].rsplit(" ", 1)[1]) == info["newcomer_deferred"]
+    # one labelled counter for every decision point's rules, counted where /server_info is
+    prom: dict[str, dict[str, float]] = {}
+    for ln in text.splitlines():
+        m = re.match(r'radixflow_decisions_total\{.*point="(\w+)".*reason="(\w+)".*\} (\S+)', ln)
+        if m:
+            prom.setdefault(m[1], {})[m[2]] = float(m[3])
+    from radixflow_sglang.core.reasons import RULES, Reason
+
+    def by_point(counts: dict[str, int], points: set[str]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for reason, n in counts.items():
+            out.setdefault(RULES[Reason(reason)].point, {})[reason] = float(n)
+        assert set(out) <= points
+        return out
+
+    assert {p: prom.get(p, {}) for p in ("visit", "defer")} == {
+        "visit": {}, "defer": {}} | by_point(info["reasons"], {"visit", "defer"})
+    assert {p: prom.get(p, {}) for p in ("place", "publish")} == {
+        "place": {}, "publish": {}} | by_point(info["boundary_reasons"], {"place", "publish"})
+    assert prom["visit"] and prom["place"]  # NOTE: the module's requests made some
+    for reason, n in prom.get("hold", {}).items():  # NOTE: a pass after the last round may add
+        assert n <= info["hold_reasons"][reason], reason
 
 
 def test_abort_while_parked_leaks_nothing(server):

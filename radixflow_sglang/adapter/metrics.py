@@ -8,6 +8,7 @@ and `/metrics` aggregates every process's samples. Only the stats-logging rank r
 from __future__ import annotations
 
 from radixflow_sglang.core.cost import CostCoeffs
+from radixflow_sglang.core.reasons import RULES
 from radixflow_sglang.core.stats import RoundStats
 
 ROW_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -41,8 +42,9 @@ class RadixFlowMetrics:
         self.newcomers = Counter("radixflow_newcomer_deferred", "Requests kept out of a "
                                  "released consumer's round (cost rule)", names)
         self.newcomers.labels(**self.labels)  # NOTE: exported from the start, like quiet
-        self.decisions = Counter("radixflow_decisions", "Visit and defer decisions by the rule "
-                                 "that made them (core/reasons.py)", [*names, "reason"])
+        self.decisions = Counter("radixflow_decisions", "Decisions by the rule that made them "
+                                 "and its decision point (core/reasons.py RULEBOOK)",
+                                 [*names, "point", "reason"])
         for counter in (self.rounds, self.blocked, self.forks, self.held, self.recomputed):
             counter.labels(**self.labels)  # NOTE: every README series exists before its event
         self.forward = Histogram("radixflow_forward_seconds", "Measured prefill forward time",
@@ -72,9 +74,11 @@ class RadixFlowMetrics:
             self.newcomers.labels(**lab).inc(s.newcomer_deferred)
 
     def on_reasons(self, counts) -> None:
-        """One round's decisions by reason (a Counter of core/reasons.py Reason)."""
+        """Decisions by reason (a Counter of core/reasons.py Reason), any decision point."""
         for reason, n in counts.items():
-            self.decisions.labels(**self.labels, reason=str(reason)).inc(n)
+            if n:
+                self.decisions.labels(**self.labels, point=RULES[reason].point,
+                                      reason=str(reason)).inc(n)
 
     def on_forward(self, seconds: float, fit: CostCoeffs) -> None:
         lab = self.labels

@@ -131,6 +131,7 @@ class RadixFlowRuntime:
         # `scan.reasons` (Prometheus, counted once per round like the other series)
         self.reasons: Counter[Reason] = Counter()
         self.boundary_reasons: Counter[Reason] = Counter()  # PLACE and PUBLISH, all time
+        self._reported: Counter[Reason] = Counter()  # HOLD, PLACE, PUBLISH sent to Prometheus
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
         self.health_checks = 0  # prefills of only SGLang's health check, run natively, uncounted
 
@@ -462,10 +463,17 @@ class RadixFlowRuntime:
                     self._emit({"event": "selected", **rs.__dict__})
         if self.metrics is not None:
             self.metrics.on_round(s, parked, s.held)
-            if self.scan.reasons and hasattr(self.metrics, "on_reasons"):
-                self.metrics.on_reasons(self.scan.reasons)
+            if hasattr(self.metrics, "on_reasons"):
+                self.metrics.on_reasons(self.scan.reasons + self._unreported_reasons())
         if (s.rows or s.blocked) and self._trace is not None:  # NOTE: as_dict is not free
             self._emit({"event": "round", **s.as_dict()})
+
+    def _unreported_reasons(self) -> Counter[Reason]:
+        """HOLD, PLACE and PUBLISH decisions since the last round's report (they are counted
+        where they happen, apart from the scan's VISIT and DEFER ones)."""
+        now = self.boundary_reasons + (self.admission.reasons if self.admission else Counter())
+        fresh, self._reported = now - self._reported, now
+        return fresh
 
     def use_prior(self, prior) -> None:
         """Restart the round-cost fit from `prior` (anything with alpha/beta/gamma[/delta])."""

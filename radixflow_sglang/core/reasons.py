@@ -17,8 +17,8 @@ rules in the same order with the same names):
 
 Each decision point applies its rules top to bottom and the first that fires decides: its
 `Reason` travels with the decision into the trace (`park` / `defer` / `decide` events), the
-runtime's counts (`/server_info` `radixflow.reasons`, Prometheus `radixflow_decisions{reason}`;
-HOLD decisions, one per scheduler pass, apart in `radixflow.hold_reasons`) and
+runtime's counts (`/server_info` `radixflow.reasons`; HOLD decisions, one per scheduler pass,
+apart in `radixflow.hold_reasons`; every point's in Prometheus `radixflow_decisions`) and
 `python -m radixflow_sglang.explain`. Pure Python, no SGLang import.
 """
 
