@@ -30,12 +30,9 @@ CONFIGS: dict[str, SoakConfig] = {
     "gdn-extra": SoakConfig(max_new_tokens=16),
     "gdn-extra-overlap": SoakConfig(overlap=True, max_new_tokens=16),
     "gdn-extra-page16-overlap": SoakConfig(overlap=True, page_size=16, max_new_tokens=16),
-    # NOTE: no_buffer with outputs: 3 slots a row. At the soak's minimum (2, which holds for
-    # one-token outputs) radixflow's chunk checkpoints hit SGLang's "Can not alloc mamba cache".
-    "gdn-nobuf": SoakConfig(layout="no_buffer", max_new_tokens=16, mamba_slots=48),
+    "gdn-nobuf": SoakConfig(layout="no_buffer", max_new_tokens=16),
     "mamba2-extra-overlap": SoakConfig(model="nemotron-9b", overlap=True, max_new_tokens=16),
-    "mamba2-nobuf": SoakConfig(model="nemotron-9b", layout="no_buffer", max_new_tokens=16,
-                               mamba_slots=48),
+    "mamba2-nobuf": SoakConfig(model="nemotron-9b", layout="no_buffer", max_new_tokens=16),
     "gdn-abort-storm-overlap": SoakConfig(overlap=True, abort_frac=0.25, retract_prob=0.2,
                                           max_new_tokens=16),
 }

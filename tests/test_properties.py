@@ -22,8 +22,9 @@ selects, round by round, under the same arrivals, aborts and retractions.
 The pools: KV = the longest request + KV_SLACK tokens (the minimum that never deadlocks;
 some examples add more), the mamba pool = `eval.soak.mamba_slots_for` (per row: its own
 slot, two ping-pong buffers with extra_buffer, and the locked copy-on-write source; doubled
-under overlap). Profiles: "ci" (default, derandomized, 40 examples per case);
-`HYPOTHESIS_PROFILE=explore RADIXFLOW_EXAMPLES=1000` for random, longer searches.
+under overlap; no_buffer one more for the chunked request's checkpoint). Profiles: "ci"
+(default, derandomized, 40 examples per case); `HYPOTHESIS_PROFILE=explore
+RADIXFLOW_EXAMPLES=1000` for random, longer searches.
 """
 
 from __future__ import annotations

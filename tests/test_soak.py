@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,20 @@ def test_overlap_soak_with_retractions_is_clean(tmp_path: Path) -> None:
     assert res["violations"] == 0, res["violation_examples"]
     assert (res["leaked_kv_slots"], res["leaked_mamba_slots"], res["stale_cow_sources"]) == (0,
                                                                                             0, 0)
+
+
+def test_no_buffer_outputs_run_at_the_minimum_mamba_pool() -> None:
+    """Decoding rows hold their slots and copy-on-write sources while a chunked request's
+    checkpoint needs a fresh slot: the minimum (harness.mamba_slots_for) counts it. One slot
+    fewer is what SGLang itself cannot run ("Can not alloc mamba cache")."""
+    arrivals = soak.soak_workload(100, rate=150.0, seed=0)
+    cfg = soak.SoakConfig(layout="no_buffer", max_new_tokens=16)
+    res = soak.run_policy("radixflow", arrivals, cfg)
+    assert res["mamba_slots"] == 2 * cfg.rows + 1
+    assert res["completed"] + res["aborted"] == 100 and res["violations"] == 0
+    assert res["witness_verified"] == res["completed"]
+    with pytest.raises(AssertionError, match="Can not alloc mamba cache"):
+        soak.run_policy("radixflow", arrivals, replace(cfg, mamba_slots=2 * cfg.rows))
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -318,6 +318,10 @@ def mamba_slots_for(layout: str, rows: int, overlap: bool = False) -> int:
     the tree then cannot evict for the batch's allocation. Rows per round are bounded by
     `rows`; under overlap the kit keeps the in-flight batch's rows outside the running batch,
     so two batches hold slots at once. Everything else (published states) is evictable.
+    No_buffer adds one: the chunked request's checkpoint copies its state into a fresh slot
+    (unified_cache/components/mamba.py `prepare_for_caching_req`) after its round, while every
+    row may hold its own slot and its source (found in the soak with 16-token outputs: a full
+    pool of hit rows, then a chunk's checkpoint; extra_buffer donates a ping-pong slot).
     """
     per_row = 4 if layout == "extra_buffer" else 2
-    return per_row * rows * (2 if overlap else 1)
+    return per_row * rows * (2 if overlap else 1) + (layout == "no_buffer")
