@@ -63,7 +63,9 @@ def test_overlap_soak_with_retractions_is_clean(tmp_path: Path) -> None:
 def test_no_buffer_outputs_run_at_the_minimum_mamba_pool() -> None:
     """Decoding rows hold their slots and copy-on-write sources while a chunked request's
     checkpoint needs a fresh slot: the minimum (harness.mamba_slots_for) counts it. One slot
-    fewer is what SGLang itself cannot run ("Can not alloc mamba cache")."""
+    fewer, SGLang's own checkpoint asserts ("Can not alloc mamba cache") once a chunk ends
+    while the pool is full: radix (stock + boundary cuts, no parking) alike; stock, whose
+    prompts here rarely chunk, did not meet it."""
     arrivals = soak.soak_workload(100, rate=150.0, seed=0)
     cfg = soak.SoakConfig(layout="no_buffer", max_new_tokens=16)
     res = soak.run_policy("radixflow", arrivals, cfg)
