@@ -6,10 +6,10 @@ witness executor (every resumed state and KV slot checked against its prefix).
 Configurations: Qwen3.5 (GDN) and Nemotron-H (Mamba2) geometries; extra_buffer with and without
 overlap, page size 1 and 16; no_buffer; outputs of 1-16 ids without ignore_eos (decode,
 retract_decode); with overlap, in-flight retraction; aborts at 5 % (a storm config at 25 %);
-tight pools (a few thousand KV tokens, the minimum mamba slots for the layout; no_buffer
-3 a row). A mismatch
-fails that policy's run with the request, depth and expected vs found fingerprint; so do the
-soak harness's invariants. DIR/exactness.json and a table on stdout.
+tight pools (a few thousand KV tokens, the minimum mamba slots for the layout,
+testing/harness.py `mamba_slots_for`). A mismatch fails that policy's run with the request,
+depth and expected vs found fingerprint; so do the soak harness's invariants.
+DIR/exactness.json and a table on stdout.
 Exit status: 0 when every run verified every request, 1 otherwise.
 """
 
