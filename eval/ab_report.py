@@ -239,6 +239,8 @@ def report_md(summary: Mapping[str, Any]) -> str:
              f"server; ratios are the median of the per-repetition radixflow/stock ratios, "
              f"[95 % percentile bootstrap over repetitions, {cfg['bootstrap']} resamples, seed "
              f"{cfg['seed']}]. Host: {cfg['cpus']} CPUs.", ""]
+    if cfg.get("command"):
+        lines += [f"Command: `{cfg['command']}`", ""]
     if summary["warnings"]:
         lines += ["## Warnings", ""] + [f"- {w}" for w in summary["warnings"]] + [""]
     for name, entry in summary["workloads"].items():

@@ -438,13 +438,15 @@ def config(args: argparse.Namespace, gpu: bool, common: list[str]) -> dict[str, 
             "stock_cmd": args.stock_cmd, "executor": "model" if gpu else "simulated",
             "seed": args.seed, "bootstrap": args.bootstrap, "busy_fraction": args.busy_fraction,
             "cpus": ab_report.host_load().cpus, "paced_rate": args.paced_rate,
-            "argv": sys.argv[1:], **({} if gpu else {"sim_cost": run_arms.sim_cost()})}
+            "command": shlex.join(["python", "-m", "eval.live_ab", *args.argv]),
+            **({} if gpu else {"sim_cost": run_arms.sim_cost()})}
 
 
 def main(argv: list[str] | None = None) -> int:
     run_arms.sigterm_exits()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     check_args(parser, args)
     from radixflow_sglang.tokenizer import served_model_dir
 

@@ -175,6 +175,23 @@ def test_workloads_map_onto_run_arms_machinery():
     assert len(twin[0]) == 16 * 4  # the same gsp shape for the twin
 
 
+def test_the_trace_workload_sends_the_twins_blocks(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 700,
+                                         "output_length": 2, "hash_ids": [0, i + 1]}) + "\n"
+                             for i in range(4)))
+    p = live_ab.build_parser()
+    args = p.parse_args(["--out", "x", "--workloads", "trace,mooncake", "--trace-file",
+                         str(trace), "--trace-window", "0:3", "--trace-speed", "2"])
+    live_ab.check_args(p, args)
+    tr, mc = (live_ab.make_workload(n, args) for n in args.workloads)
+    assert tr.bench is None and [s.name for s in tr.specs] == ["stock", "radixflow"]
+    assert [len(q.branches[0].input_ids) for q in tr.segments[0]] == [700] * 3
+    assert tr.twin_segments() is tr.segments  # NOTE: the twin replays what was sent
+    assert mc.bench == "mooncake" and mc.shape.requests_of("mooncake") == 3
+    assert mc.shape.trace_speed == 2.0 and "first 3 records" in mc.describe
+
+
 @pytest.mark.live
 @pytest.mark.slow
 def test_live_ab_two_servers_one_repetition(tmp_path):
