@@ -21,6 +21,11 @@ the benchmark's time window: SGLang's own "Prefill batch" log lines for every po
   (36,864 here): `prefix_once_tokens`, the reference the report divides by.
 * `random-ids`: the same number of requests and prompt length with no shared prefix (random
   ids): RadixFlow must cost nothing there.
+* `mooncake`: a Mooncake-format trace (`BenchShape.trace_file`, the first `trace_count` records,
+  `--mooncake-slowdown-factor` 1 / `trace_speed`; the trace's timestamps pace it, the rate is
+  ignored). bench_serving builds text prompts of its own from the hash ids ("{id}hi hi ..."
+  per block in a chat template; sglang/benchmark/datasets/mooncake.py), outputs uncapped;
+  eval/mooncake.py `bench_segments` builds the same prompts for the twin.
 
 `--tokenize-prompt` (default; `--bench-text` turns it off) sends input ids, so the prompts
 have exactly the requested lengths; text prompts are re-tokenized by the server and their
@@ -51,8 +56,8 @@ from typing import Any
 
 from eval.traffic import GspShape
 
-BENCHES = ("gsp", "random-ids")
-DATASET = {"gsp": "generated-shared-prefix", "random-ids": "random-ids"}
+BENCHES = ("gsp", "random-ids", "mooncake")
+DATASET = {"gsp": "generated-shared-prefix", "random-ids": "random-ids", "mooncake": "mooncake"}
 # What summary.json keeps of bench_serving's result line (serving.py benchmark()).
 BENCH_FIELDS = (
     "completed", "duration", "request_throughput", "input_throughput", "output_throughput",
@@ -86,10 +91,27 @@ class BenchShape(GspShape):
     rate: float = math.inf  # requests/s; inf = burst (bench_serving's --request-rate)
     seed: int = 0
     ids: bool = True  # --tokenize-prompt: exact prompt lengths
+    trace_file: str | None = None  # mooncake: the trace (Mooncake-format JSONL)
+    trace_count: int | None = None  # mooncake: its first N records (None: all)
+    trace_speed: float = 1.0  # mooncake: time compression (slowdown factor 1 / speed)
 
     @property
     def requests(self) -> int:
         return self.groups * self.prompts_per_group
+
+    def requests_of(self, name: str) -> int:
+        """Requests the benchmark `name` sends (mooncake: the trace's first trace_count)."""
+        if name != "mooncake":
+            return self.requests
+        return len(self.trace_records())
+
+    def trace_records(self) -> list:
+        """mooncake: the records bench_serving reads (the file's first trace_count)."""
+        from eval.mooncake import load_trace
+
+        if self.trace_file is None:
+            raise ValueError("the mooncake benchmark needs a trace file")
+        return load_trace(self.trace_file)[: self.trace_count]
 
     @property
     def prompt_len(self) -> int:
@@ -107,6 +129,10 @@ class BenchShape(GspShape):
                     "--gsp-system-prompt-len", str(self.system_len),
                     "--gsp-question-len", str(self.question_len),
                     "--gsp-output-len", str(self.output_len)]
+        if name == "mooncake":
+            return ["--dataset-path", str(self.trace_file),
+                    "--num-prompts", str(self.requests_of(name)),
+                    "--mooncake-slowdown-factor", repr(1.0 / self.trace_speed)]
         return ["--num-prompts", str(self.requests), "--random-input-len", str(self.prompt_len),
                 "--random-output-len", str(self.output_len), "--random-range-ratio", "1.0"]
 
@@ -119,7 +145,8 @@ def bench_cmd(name: str, shape: BenchShape, base_url: str, model_dir: Path,
            "--dataset-name", DATASET[name], *shape.dataset_args(name),
            "--request-rate", rate, "--seed", str(shape.seed), "--warmup-requests", "0",
            "--cache-report", "--output-file", str(out_file), "--disable-tqdm"]
-    return cmd + (["--tokenize-prompt"] if shape.ids else [])
+    # NOTE: mooncake prompts are text whatever the flag (the dataset builds them)
+    return cmd + (["--tokenize-prompt"] if shape.ids and name != "mooncake" else [])
 
 
 def bench_env(home: Path) -> dict[str, str]:
@@ -230,7 +257,7 @@ def run_one(name: str, shape: BenchShape, base_url: str, model_dir: Path, out_di
         tail = bench_log.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"bench_serving {name} exited rc={proc.returncode}; log tail:\n"
                            + tail)
-    result = fold(read_result(out_file), shape.requests)
+    result = fold(read_result(out_file), shape.requests_of(name))
     trace = load_trace(trace_path) if trace_path is not None else None
     if trace_path is not None and trace is None:
         raise RuntimeError(f"no trace written at {trace_path}")

@@ -252,3 +252,45 @@ def describe(spec: TraceSpec) -> dict[str, Any]:
 
 def unique_blocks(records: Iterable[TraceRecord]) -> set[int]:
     return {h for r in records for h in r.hash_ids}
+
+
+# --------------------------------------------------------------------------------------------
+# bench_serving's own prompts (eval/bench_arm.py `mooncake`)
+# --------------------------------------------------------------------------------------------
+
+BENCH_NAME = "trace-bench"
+
+
+def bench_prompt(rec: TraceRecord, tokenizer: Any) -> list[int]:
+    """The ids the server sees for `rec` under `bench_serving --dataset-name mooncake`
+    (sglang 0.5.23 sglang/benchmark/datasets/mooncake.py get_mooncake_request_over_time, one
+    round): "{id}" + "hi" x 128 per hash id, a closing request, in the tokenizer's chat
+    template (plain "user: ..." without one), sent as text and tokenized by the server."""
+    base = "".join(f"{h}" + " ".join(["hi"] * 128) for h in rec.hash_ids)
+    chat = [{"role": "user", "content": f"Round 1: {base}Tell me a story based on this context."}]
+    try:
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True,
+                                             return_dict=False)
+    except Exception:  # noqa: BLE001 - bench_serving's own fallback, the same text
+        text = "\n".join(f"{m['role']}: {m['content']}" for m in chat)
+    return list(tokenizer.encode(text))
+
+
+def bench_segments(spec: TraceSpec, tokenizer: Any) -> list[Segment]:
+    """The twin's replay of bench_serving's mooncake run: the file's first `spec.count`
+    records (bench_serving reads no window start and no input cap), its prompts
+    (`bench_prompt`), arrivals (timestamp - first) / 1000 / speed in timestamp order, outputs
+    uncapped (bench_serving sends output_length with ignore_eos)."""
+    if spec.start:
+        raise ValueError(f"{spec.file}: bench_serving reads the first records; window start "
+                         f"{spec.start} is not 0")
+    recs = sorted(load_trace(spec.file)[: spec.count], key=lambda r: r.timestamp_ms)
+    t0, ns = recs[0].timestamp_ms, f"{BENCH_NAME}/{Path(spec.file).stem}"
+    qs = []
+    for r in recs:
+        qid = f"l{r.line}"
+        branch = Branch(f"{ns}/{qid}", bench_prompt(r, tokenizer), ns, 0,
+                        max_new_tokens=r.output_length)
+        qs.append(Question(qid, qid, (branch,), 0, 0, None,
+                           (r.timestamp_ms - t0) / 1000.0 / spec.speed, f"trace line {r.line}"))
+    return [Segment(BENCH_NAME, "replay", tuple(qs))]

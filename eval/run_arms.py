@@ -210,6 +210,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str
                 setattr(args, k, v)
     shape = check_workload_flags(p, args)
     args.trace_spec = trace_spec(p, args)
+    if "mooncake" in args.bench and (args.trace_spec is None or args.trace_spec.start != 0):
+        p.error("--bench mooncake reads --workload trace's --trace-file (bench_serving takes "
+                "the file's first N records: --trace-window 0:N, not another start)")
     traffic = args.workload in TRAFFIC_WORKLOADS or args.trace_spec is not None
     if args.fork_arm is None:
         args.fork_arm = not traffic
@@ -257,9 +260,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def bench_shape(args: argparse.Namespace) -> bench_arm.BenchShape:
+    """The --bench flags as a shape; `--bench mooncake` reads --workload trace's file (its
+    first N records of --trace-window 0:N, paced by --trace-speed)."""
+    spec = getattr(args, "trace_spec", None)
+    trace = ({} if spec is None else
+             {"trace_file": spec.file, "trace_count": spec.count, "trace_speed": spec.speed})
     return bench_arm.BenchShape(args.gsp_groups, args.gsp_prompts_per_group, args.gsp_system_len,
                                 args.gsp_question_len, args.bench_output_len, args.bench_rate,
-                                args.seed, not args.bench_text)
+                                args.seed, not args.bench_text, **trace)
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,6 +479,9 @@ def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Nam
     try:
         with Server(cmd, server_env(), log, port) as srv:
             srv.wait_ready(cfg.start_timeout, cfg.start_attempts)
+            # NOTE: the layout the server resolved, for the twin (server_layout)
+            info = http_json(srv.base + "/server_info")
+            (out_dir / "server_info.json").write_text(json.dumps(info, indent=1, default=str))
             for run in runs:
                 t0 = time.perf_counter()
                 mark = len(prefill_log_lines(log))
@@ -529,8 +540,8 @@ def add_log_rounds(metrics: dict[str, Any], batches: list[tuple[int, int, int]])
 
 TWIN_KEYS = ("requests", "rounds", "scheduled_tokens", "hit_tokens", "input_tokens",
              "zero_hit_requests", "zero_hit_after_requests", "after_requests", "output_tokens",
-             "latency_mean_s", "latency_p95_s", "request_latency_mean_s",
-             "request_latency_p95_s")
+             "latency_mean_s", "latency_p95_s", "latency_p99_s", "ttft_mean_s",
+             "request_latency_mean_s", "request_latency_p95_s")
 LAYOUTS = ("extra_buffer", "no_buffer")
 
 

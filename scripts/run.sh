@@ -24,7 +24,7 @@ case "$cmd" in
   serve)  exec "$PY" -m radixflow_sglang.launch_server "$@" ;;
   test)   "$PY" -m ruff check radixflow_sglang eval tests
           exec "$PY" -m pytest -q -m "not live" "$@" ;;
-  live)   exec "$PY" -m pytest -q -m live "$@" ;;  # whole eval runs on live servers (~15 min)
+  live)   exec "$PY" -m pytest -q -m live "$@" ;;  # whole eval runs on live servers (~20 min)
   replay) exec "$PY" -m eval.replay "$@" ;;
   lint)   exec "$PY" -m ruff check radixflow_sglang eval tests ;;
   *)      echo "usage: bash scripts/run.sh {serve|test|live|replay|lint} [args...]" >&2; exit 2 ;;

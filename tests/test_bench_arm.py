@@ -84,16 +84,44 @@ def test_bench_cmd_is_upstreams_cli_with_the_shape():
     assert val(rid, "--request-rate") == "inf"
 
 
-def test_bench_cmd_flags_exist_in_upstreams_parser():
+def test_bench_cmd_flags_exist_in_upstreams_parser(tmp_path):
     """Every flag we pass is one sglang/benchmark/serving.py cli_main defines."""
     import sglang.benchmark.serving as serving
 
     src = Path(serving.__file__).read_text()
     cmd = bench_arm.bench_cmd("gsp", bench_arm.BenchShape(), "u", Path("/m"), Path("/o"))
     cmd += bench_arm.bench_cmd("random-ids", bench_arm.BenchShape(), "u", Path("/m"), Path("/o"))
+    cmd += _mooncake_cmd(_trace(tmp_path / "t.jsonl"))
     flags = {a for a in cmd if a.startswith("--")}
     missing = [f for f in flags if f'"{f}"' not in src]
     assert not missing, missing
+
+
+def _trace(path: Path, n: int = 5) -> Path:
+    path.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 600,
+                                        "output_length": 2, "hash_ids": [0, i + 1]}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def _mooncake_cmd(trace: Path, count: int = 3) -> list[str]:
+    shape = bench_arm.BenchShape(trace_file=str(trace), trace_count=count, trace_speed=4.0)
+    return bench_arm.bench_cmd("mooncake", shape, "u", Path("/m"), Path("/o"))
+
+
+def test_mooncake_bench_reads_the_trace_files_first_records_at_its_speed(tmp_path):
+    trace = _trace(tmp_path / "t.jsonl")
+    cmd = _mooncake_cmd(trace)
+
+    def val(flag):
+        return cmd[cmd.index(flag) + 1]
+
+    assert val("--dataset-name") == "mooncake" and val("--dataset-path") == str(trace)
+    assert val("--num-prompts") == "3" and float(val("--mooncake-slowdown-factor")) == 0.25
+    assert "--tokenize-prompt" not in cmd  # NOTE: the dataset's prompts are text
+    whole = bench_arm.BenchShape(trace_file=str(trace))
+    assert whole.requests_of("mooncake") == 5
+    assert whole.requests_of("gsp") == whole.requests
 
 
 def _result(**kw) -> dict:

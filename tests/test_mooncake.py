@@ -150,3 +150,29 @@ def test_sweep_and_run_arms_take_the_trace_flags(tmp_path, capsys):
     run_arms.check_args(p, args)
     assert args.fork_arm is False and args.trace_spec.file == f
     assert len(run_arms.build_segments(args, {})[0]) == len(RECORDS)
+
+
+class _Tok:
+    """A tokenizer stand-in: one id per whitespace-separated word, no chat template."""
+
+    def apply_chat_template(self, *a, **kw):
+        raise ValueError("no template")
+
+    def encode(self, text: str) -> list[int]:
+        return [1000 + sum(map(ord, w)) % 5000 for w in text.split()]
+
+
+def test_bench_segments_rebuild_bench_servings_prompts_and_pace(tmp_path):
+    """eval/bench_arm.py mooncake's twin: bench_serving's own text per block, the first N
+    records, arrivals / speed, outputs uncapped; a window start is refused."""
+    f = str(write_trace(tmp_path / "t.jsonl"))
+    seg = mooncake.bench_segments(mooncake.TraceSpec(f, speed=2.0, count=3), _Tok())[0]
+    assert [q.qid for q in seg] == ["l1", "l2", "l3"]
+    assert [q.arrival_s for q in seg] == [0.0, 0.25, 0.75]
+    assert [q.branches[0].max_new_tokens for q in seg] == [3, 300, 2]  # NOTE: not capped
+    ids = [q.branches[0].input_ids for q in seg]
+    # "user: Round 1: 1hi hi ... 2hi ..." : one word per "hi", the ids joined at block edges
+    assert len(ids[0]) == len(ids[1]) and lcp(ids[0], ids[1]) > 128
+    assert lcp(ids[0], ids[2]) < lcp(ids[0], ids[1])
+    with pytest.raises(ValueError, match="window start 1"):
+        mooncake.bench_segments(mooncake.TraceSpec(f, start=1), _Tok())

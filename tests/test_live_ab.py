@@ -1,0 +1,217 @@
+"""Live A/B harness (eval/live_ab.py, eval/ab_report.py): its pure parts on fabricated run
+records (ABBA order, paired ratios and their bootstrap interval, the busy-machine warning,
+summary.json, report.md and the plots), its argument errors, and one live end-to-end run
+(two servers, one repetition, a tiny gsp burst)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eval import ab_report, live_ab
+from eval.ab_report import Load, RunRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET, BUSY = Load(0.2, 0.3, 0.4, 2), Load(1.5, 1.0, 0.5, 2)
+
+
+def _runs(stock: list[float], radixflow: list[float], workload: str = "gsp-burst"
+          ) -> list[RunRecord]:
+    """Runs in ABBA order with mean e2e `stock[k]` / `radixflow[k]` (the other figures
+    derived from it), every load quiet."""
+    out = []
+    for pos, (k, arm) in enumerate(ab_report.abba(len(stock))):
+        v = (stock if arm == "stock" else radixflow)[k]
+        figs = {"mean_e2e_ms": v, "p99_e2e_ms": 2 * v, "mean_ttft_ms": v / 2,
+                "prefill_tokens": 1000.0 if arm == "stock" else 500.0, "prefill_batches": 10.0}
+        out.append(RunRecord(workload, arm, k, pos, f"/x/{arm}-{k}", figs,
+                             load_before=QUIET, load_after=QUIET, wall_s=1.0))
+    return out
+
+
+def test_abba_alternates_and_each_repetition_has_both_arms():
+    order = ab_report.abba(3)
+    assert order == [(0, "stock"), (0, "radixflow"), (1, "radixflow"), (1, "stock"),
+                     (2, "stock"), (2, "radixflow")]
+
+
+def test_paired_ratios_pair_by_repetition_and_skip_failures():
+    runs = _runs([100, 200, 400], [50, 200, 100])
+    assert ab_report.paired_ratios(runs, "mean_e2e_ms") == [0.5, 1.0, 0.25]
+    runs[2].error, runs[2].figures = "ServerError: x", {}  # radixflow of repetition 1
+    assert ab_report.paired_ratios(runs, "mean_e2e_ms") == [0.5, 0.25]
+    assert ab_report.paired_ratios(runs, "mean_ttft_ms") == [0.5, 0.25]
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_median():
+    xs = [0.8, 0.9, 1.0, 0.85, 0.95]
+    a, b = ab_report.bootstrap_ci(xs), ab_report.bootstrap_ci(xs)
+    assert a == b  # NOTE: a fixed seed: the same runs, the same report
+    lo, hi = a
+    assert min(xs) <= lo <= ab_report.median(xs) <= hi <= max(xs)
+    assert ab_report.bootstrap_ci([1.1]) == (1.1, 1.1)
+    assert ab_report.bootstrap_ci([]) is None
+
+
+def test_load_warning_only_when_the_box_is_busy():
+    assert ab_report.load_warning(QUIET, "run 0") is None
+    w = ab_report.load_warning(BUSY, "gsp-burst #0")
+    assert w.startswith("warning: busy machine before gsp-burst #0")
+    assert "1.50 > 0.5 x 2 CPUs" in w
+    assert ab_report.load_warning(BUSY, "x", fraction=1.0) is None
+    now = ab_report.host_load()
+    assert now.cpus >= 1 and now.load1 >= 0
+
+
+def test_summary_medians_ratios_and_twin_gap():
+    runs = _runs([100, 200, 400], [50, 200, 100])
+    twin = {"default": {"ratios": {"mean_e2e_ms": 0.6, "prefill_tokens": 0.5}, "note": "n"}}
+    e = ab_report.workload_entry("gsp", runs, twin)
+    s = e["summary"]["mean_e2e_ms"]
+    assert s["median"] == {"stock": 200, "radixflow": 100} and s["ratio"] == 0.5
+    assert s["ratios"] == [0.5, 1.0, 0.25] and s["ci95"][0] <= 0.5 <= s["ci95"][1]
+    assert e["summary"]["prefill_tokens"]["ratio"] == 0.5
+    gap = e["twin"]["default"]["gap"]
+    assert gap["mean_e2e_ms"] == pytest.approx(0.1) and gap["prefill_tokens"] == 0.0
+    assert gap["p99_e2e_ms"] is None
+
+
+def test_twin_ratios_from_predictions():
+    s = {"latency_mean_s": 0.2, "latency_p99_s": 0.4, "ttft_mean_s": 0.1,
+         "scheduled_tokens": 1000, "rounds": 10}
+    r = dict(s, latency_mean_s=0.1, scheduled_tokens=400)
+    out = ab_report.twin_ratios(s, r)
+    assert out["mean_e2e_ms"] == 0.5 and out["prefill_tokens"] == 0.4
+    assert out["prefill_batches"] == 1.0
+    assert set(ab_report.twin_ratios(s, {"failed": True}).values()) == {None}
+
+
+def _summary(workloads: dict) -> dict:
+    cfg = {"model": "qwen3.5-0.8b", "executor": "simulated", "overlap": False,
+           "server_args": "--disable-overlap-schedule", "repeat": 3, "bootstrap": 2000,
+           "seed": 0, "cpus": 2}
+    return {"config": cfg, "warnings": [], "workloads": workloads}
+
+
+def test_report_and_plot_from_fabricated_runs(tmp_path):
+    runs = _runs([100, 200, 400], [50, 200, 100])
+    runs[3].warning = ab_report.load_warning(BUSY, "gsp-burst #3")
+    twin = {"default": {"ratios": {"mean_e2e_ms": 0.6}, "note": "simulated executor"},
+            "calibrated": {"note": "not calibrated (too few rounds)"}}
+    fork = _runs([10, 20, 40], [10, 20, 40], "fork")
+    fork[0].error, fork[0].figures = "ServerError: boom", {}
+    summary = _summary({"gsp-burst": ab_report.workload_entry("gsp burst", runs, twin),
+                        "fork": ab_report.workload_entry("fork(4)", fork, {}, "none: text")})
+    summary["warnings"] = [runs[3].warning]
+    ab_report.write(tmp_path, summary)
+    md = (tmp_path / "report.md").read_text()
+    assert "## Warnings" in md and "busy machine before gsp-burst #3" in md
+    assert "| mean e2e (ms) | 200.0 | 100.0 | **0.500x** [" in md
+    assert "twin (default)" in md and "0.600" in md and "0.100" in md
+    assert "not calibrated (too few rounds)" in md and "twin: none: text" in md
+    assert "FAILED: ServerError: boom" in md and "**busy**" in md
+    assert "![gsp-burst](plot-gsp-burst.png)" in md
+    for name in ("gsp-burst", "fork"):
+        png = tmp_path / f"plot-{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    back = json.loads((tmp_path / "summary.json").read_text())
+    assert back["workloads"]["gsp-burst"]["summary"]["mean_e2e_ms"]["ratio"] == 0.5
+    assert back["workloads"]["gsp-burst"]["runs"][0]["load_before"]["cpus"] == 2
+
+
+def test_a_workload_without_pairs_has_no_plot(tmp_path):
+    runs = _runs([100], [50])
+    runs[1].error, runs[1].figures = "x", {}
+    entry = ab_report.workload_entry("w", runs, {})
+    assert not ab_report.plot_workload("w", entry, tmp_path / "p.png")
+    assert not (tmp_path / "p.png").exists()
+
+
+def _error(capsys, *argv: str) -> str:
+    p = live_ab.build_parser()
+    with pytest.raises(SystemExit) as e:
+        live_ab.check_args(p, p.parse_args(["--out", "x", *argv]))
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_argument_errors_name_the_flag_and_the_allowed_values(capsys, tmp_path):
+    err = _error(capsys, "--workloads", "gsp,nope")
+    assert "--workloads" in err and "gsp-burst, gsp-paced, mooncake, trace, paper, fork" in err
+    assert "each once" in _error(capsys, "--workloads", "fork,fork")
+    assert "--workloads mooncake needs --trace-file" in _error(capsys, "--workloads", "mooncake")
+    assert "--trace-speed applies to the workloads mooncake, trace" in _error(
+        capsys, "--trace-speed", "2")
+    assert "--questions applies to the workloads paper, fork" in _error(
+        capsys, "--questions", "3")
+    assert "--repeat" in _error(capsys, "--repeat", "0")
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, '
+                     '"hash_ids": [1]}\n{"timestamp": 5}\n')
+    err = _error(capsys, "--workloads", "trace", "--trace-file", str(trace))
+    assert f"{trace} line 2" in err
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, '
+                     '"hash_ids": [1]}\n' * 2)
+    assert "use 0:N, not 1:1" in _error(capsys, "--workloads", "mooncake", "--trace-file",
+                                        str(trace), "--trace-window", "1:1")
+
+
+def test_workloads_map_onto_run_arms_machinery():
+    p = live_ab.build_parser()
+    args = p.parse_args(["--out", "x", "--workloads", "gsp-burst,gsp-paced,fork",
+                         "--paced-rate", "3", "--output-len", "2", "--questions", "1"])
+    live_ab.check_args(p, args)
+    burst, paced, fork = (live_ab.make_workload(n, args) for n in args.workloads)
+    assert burst.bench == paced.bench == "gsp" and burst.shape.output_len == 2
+    assert burst.shape.rate == float("inf") and paced.shape.rate == 3.0
+    assert "3 req/s" in paced.describe and burst.twin_segments is not None
+    assert [s.name for s in fork.specs] == ["stock-fork", "radixflow-fork"]
+    assert fork.twin_segments is None and "re-tokenizes" in fork.twin_note
+    twin = paced.twin_segments()
+    assert len(twin[0]) == 16 * 4  # the same gsp shape for the twin
+
+
+def test_the_trace_workload_sends_the_twins_blocks(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 700,
+                                         "output_length": 2, "hash_ids": [0, i + 1]}) + "\n"
+                             for i in range(4)))
+    p = live_ab.build_parser()
+    args = p.parse_args(["--out", "x", "--workloads", "trace,mooncake", "--trace-file",
+                         str(trace), "--trace-window", "0:3", "--trace-speed", "2"])
+    live_ab.check_args(p, args)
+    tr, mc = (live_ab.make_workload(n, args) for n in args.workloads)
+    assert tr.bench is None and [s.name for s in tr.specs] == ["stock", "radixflow"]
+    assert [len(q.branches[0].input_ids) for q in tr.segments[0]] == [700] * 3
+    assert tr.twin_segments() is tr.segments  # NOTE: the twin replays what was sent
+    assert mc.bench == "mooncake" and mc.shape.requests_of("mooncake") == 3
+    assert mc.shape.trace_speed == 2.0 and "first 3 records" in mc.describe
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_live_ab_two_servers_one_repetition(tmp_path):
+    """Two real servers (stock, radixflow), one repetition of a tiny gsp burst: both runs
+    complete, the report has its table, plot and twin, the load is recorded."""
+    out = tmp_path / "ab"
+    cmd = [sys.executable, "-m", "eval.live_ab", "--workloads", "gsp-burst", "--repeat", "1",
+           "--gsp-groups", "2", "--gsp-prompts-per-group", "2", "--gsp-system-len", "512",
+           "--gsp-question-len", "16", "--output-len", "3", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    summary = json.loads((out / "summary.json").read_text())
+    entry = summary["workloads"]["gsp-burst"]
+    assert [(r["arm"], r["error"]) for r in entry["runs"]] == [("stock", None),
+                                                               ("radixflow", None)]
+    for r in entry["runs"]:
+        assert r["load_before"]["cpus"] >= 1 and r["load_after"] is not None
+        assert r["figures"]["prefill_batches"] >= 1 and r["figures"]["mean_e2e_ms"] > 0
+    assert len(entry["summary"]["mean_e2e_ms"]["ratios"]) == 1
+    assert entry["twin"]["default"]["ratios"]["mean_e2e_ms"] is not None
+    assert "note" in entry["twin"]["calibrated"]
+    assert (out / "plot-gsp-burst.png").exists()
+    assert "## gsp-burst" in (out / "report.md").read_text()
