@@ -2,11 +2,14 @@
 
     python -m eval.calibrate OUT/arm-radixflow/trace.jsonl [--overlap] [--json]
 
-eval/costmodel.py's `fit` needs forward records {rows, scheduled_tokens, duration_s}. A round
-event that carries `duration_s` (a future trace with forward timings) is used as is. The
-current trace has none: its `t_start` / `t_end` are the START AND END OF THE SCAN, not of the
-forward. Then, for a server run WITHOUT overlap scheduling (`--disable-overlap-schedule`, the
-default of eval/run_arms.py), one loop iteration is
+eval/costmodel.py's `fit` needs forward records {rows, scheduled_tokens, duration_s}. A
+trace whose `forward` events carry `period_s` (servers since issue 36: each prefill round's
+measured wall period, launch to the loop's next launch) gives one record per round the loop
+did not go idle after (`period_records`); that is used when present. Older traces have none:
+a `round` event's `t_start` / `t_end` are the START AND END OF THE SCAN, not of the forward.
+A round event that carries `duration_s` is used as is. Else, for a server run WITHOUT overlap
+scheduling (`--disable-overlap-schedule`, the default of eval/run_arms.py), one loop iteration
+is
 
     scan i  ->  forward i  ->  result processing  ->  (receive requests)  ->  scan i+1
 
@@ -57,8 +60,24 @@ def _busy_after(r: Event, selected: Sequence[Event]) -> bool:
                for s in selected)
 
 
+def period_records(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """{rows, scheduled_tokens, duration_s} per prefill round whose wall period the server
+    measured (core/cost.py LaunchPeriods): `forward` event j carries the period of the
+    prefill round of forward event j - 1 (`period_s`, None when the loop went idle), with or
+    without overlap. The period is the round's launch to the loop's next launch: its forward
+    and every host part, what the twin's cost model charges a round."""
+    fwd = [e for e in events if e.get("event") == "forward"]
+    return [{"rows": a["rows"], "scheduled_tokens": a["scheduled_tokens"],
+             "duration_s": b["period_s"]}
+            for a, b in zip(fwd, fwd[1:], strict=False)
+            if b.get("period_s") is not None and a["rows"] > 0]
+
+
 def forward_records(events: Sequence[Event], *, overlap: bool = False) -> list[dict[str, Any]]:
-    """{rows, scheduled_tokens, duration_s} per usable round (module docstring)."""
+    """{rows, scheduled_tokens, duration_s} per usable round: measured wall periods when the
+    trace has them (`period_records`), else scan gaps (module docstring)."""
+    if any("period_s" in e for e in events if e.get("event") == "forward"):
+        return period_records(events)
     rounds = sorted((e for e in events if e.get("event") == "round"), key=lambda e: e["round"])
     if any("duration_s" in e for e in rounds):
         return [{"rows": e["rows"], "scheduled_tokens": e["scheduled_tokens"],

@@ -188,6 +188,28 @@ def test_calibrate_drops_idle_gaps_and_holds():
         {"rows": 1, "scheduled_tokens": 10, "duration_s": pytest.approx(0.1)}]
 
 
+def test_calibrate_fits_the_measured_wall_periods_when_the_trace_has_them():
+    """A server's `forward` event j carries the wall period of forward j - 1's round
+    (`period_s`; None after an idle loop): those are the records, the scan gaps unused."""
+    alpha, beta, gamma = 0.02, 3e-6, 2e-4
+    shapes = [(1, 4000), (3, 500), (2, 8000), (4, 100), (1, 64), (2, 3000), (4, 6000)]
+    events, prev = [], None
+    for n, (rows, tokens) in enumerate(shapes):
+        period = None if prev is None or n == 4 else alpha + beta * prev[1] + gamma * prev[0]
+        events.append({"event": "forward", "round": n, "rows": rows, "scheduled_tokens": tokens,
+                       "duration_s": 0.001, "period_s": period})
+        events.append({"event": "round", "round": n, "rows": rows, "scheduled_tokens": tokens,
+                       "chunked": False, "wait_set": 0, "held": 0, "t_start": 9.0 * n,
+                       "t_end": 9.0 * n})  # NOTE: idle gaps: the old rule would use none
+        prev = (rows, tokens)
+    recs = calibrate.forward_records(events)
+    assert [(r["rows"], r["scheduled_tokens"]) for r in recs] == [
+        shapes[i] for i in (0, 1, 2, 4, 5)]  # round 3's period: the loop went idle after it
+    cost, used, total = calibrate.calibrate(events)
+    assert (used, total) == (5, 7)
+    assert (cost.alpha, cost.beta, cost.gamma) == pytest.approx((alpha, beta, gamma), rel=1e-4)
+
+
 @pytest.mark.live
 @pytest.mark.slow
 def test_run_arms_end_to_end(tmp_path):
