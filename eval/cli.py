@@ -23,6 +23,20 @@ def policies(text: str) -> list[str]:
     return names
 
 
+def comma_choices(allowed: tuple[str, ...] | list[str]) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names from `allowed`, each once."""
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        bad = [n for n in names if n not in allowed]
+        if bad or not names or len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(
+                f"invalid value {text!r} (choose from {', '.join(allowed)}, comma-separated, "
+                "each once)")
+        return names
+
+    return parse
+
+
 def _checked(kind: type, what: str | None, ok: Callable[[Any], bool],
              rule: str) -> Callable[[str], Any]:
     what = what or f"a {kind.__name__}"

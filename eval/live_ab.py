@@ -71,15 +71,7 @@ PAPER_FLAGS = ("paper_workload", "questions", "regime", "order", "paper_rate")
 # --------------------------------------------------------------------------------------------
 
 
-def workloads(text: str) -> list[str]:
-    """`--workloads`: comma-separated from WORKLOADS, each once."""
-    names = [w.strip() for w in text.split(",") if w.strip()]
-    bad = [w for w in names if w not in WORKLOADS]
-    if bad or not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(
-            f"invalid value {text!r} (choose from {', '.join(WORKLOADS)}, comma-separated, "
-            "each once)")
-    return names
+workloads = cli.comma_choices(WORKLOADS)  # `--workloads`
 
 
 def build_parser() -> argparse.ArgumentParser:

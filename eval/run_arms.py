@@ -187,15 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def boundary_modes(text: str) -> list[str]:
-    """`--boundaries`: comma-separated from core/boundary.py MODES, each once."""
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in names if m not in BOUNDARY_MODES]
-    if bad or not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(
-            f"invalid value {text!r} (choose from {', '.join(BOUNDARY_MODES)}, comma-separated, "
-            "each once)")
-    return names
+boundary_modes = cli.comma_choices(BOUNDARY_MODES)  # `--boundaries`
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
