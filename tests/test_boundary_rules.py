@@ -59,7 +59,9 @@ def test_publish_order_per_layout():
 
     eb, nb = Layout.EXTRA_BUFFER, Layout.NO_BUFFER
     assert publish_rule(None, nb, True, boom, boom, True, boom) is Reason.OUTSIDE
-    assert publish_rule(64, eb, True, yes, boom, True, boom) is Reason.KEEP_END
+    assert publish_rule(64, eb, True, yes, boom, True, no) is Reason.KEEP_UNPAID
+    assert publish_rule(64, eb, True, yes, boom, True, yes) is Reason.KEEP_END
+    assert publish_rule(64, eb, True, yes, boom, False, boom) is Reason.KEEP_END  # declared
     assert publish_rule(64, eb, False, boom, boom, True, boom) is Reason.MOVE
     assert publish_rule(64, eb, True, no, boom, True, boom) is Reason.MOVE
     assert publish_rule(64, nb, False, boom, boom, True, boom) is Reason.SLOT_TAKEN

@@ -104,6 +104,20 @@ def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
     return None
 
 
+LEARNED_SOURCES = (Reason.MARKER, Reason.REPEAT, Reason.LEARNED)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A learned boundary placed on a request: who placed it, its own publish depth and that
+    prefix's key (a later request sharing it is a continuation), the siblings queued then."""
+
+    rid: str
+    end: int | None
+    end_key: tuple | None
+    sibs: frozenset[str]
+
+
 @dataclass(frozen=True)
 class Placement:
     """The last selected request's boundary decision: the PLACE rule, the PUBLISH rule (None
@@ -155,6 +169,11 @@ class BoundaryPublisher:
         self._defers: dict[str, int] = {}  # rid -> rounds deferred
         self._done: dict[tuple, None] = {}  # keys published at a boundary (bounded, ordered)
         self.usage = UsageRate()  # how often a boundary state was reused (future users)
+        # NOTE: per learned PLACE source, how often a later request shared a placed prefix to
+        # its depth but not to the placing request's own end (what only that state serves),
+        # published or not: a learned cut's expected users, with evidence after declining
+        self.placed = {r: UsageRate() for r in LEARNED_SOURCES}
+        self._placements: dict[tuple, Placed] = {}  # key (ns, depth, prefix hash) -> record
 
     @property
     def active(self) -> bool:
@@ -196,11 +215,16 @@ class BoundaryPublisher:
             self.usage.hit(_key(ns, tokens, prefix))
         if prefix > 0 and self.markers is not None:
             self._marker_hit(req, tokens, ns, prefix)
+        if self._placements:
+            self._placement_hits(req, tokens, ns, prefix)
         self._selected.add(req.rid)
         placed, depth = self._target(req, ns, prefix, end - prefix, native_branch)
         source = placed if placed not in (Reason.NO_BOUNDARY, Reason.NATIVE_BRANCH) else None
+        if source in self.placed and depth is not None:
+            self._place(req, tokens, ns, depth, source,
+                        self.grid.planned_depth(prefix, end - prefix, None))
         how = None if source is None else self._publish(req, tokens, ns, depth, adder, cut_ok,
-                                                        learned=source != Reason.DECLARED)
+                                                        source)
         if how in (Reason.KEEP_END, Reason.MOVE, Reason.CUT):
             marker = self._chosen.get(depth) if source == Reason.MARKER else None
             self._published(req, tokens, ns, depth, source, marker)
@@ -376,6 +400,42 @@ class BoundaryPublisher:
         if len(self._marked) > KEYS:
             self._marked.pop(next(iter(self._marked)))
 
+    # --- learned placements' reuse (a learned cut's expected users) ----------------------------
+    def _place(self, req: Req, tokens, ns, depth: int, source: Reason, end: int | None) -> None:
+        """Watch a learned boundary placed on `req` at `depth` (its own publish depth `end`),
+        whatever PUBLISH then does: a later request that shares its prefix to `depth` (not a
+        sibling queued now: `_users` counts those) uses it (`_placement_hits`)."""
+        key = self._key_of(req, tokens, ns, depth)
+        if key in self._placements:
+            return  # NOTE: the prefix was placed before: one placement, one outcome
+        self._groups_at(depth)  # NOTE: keys every queued request at this depth
+        sibs = frozenset(r.rid for r in self._queue if r is not req
+                         and self._hashes.get((r.rid, depth)) == key)
+        end_key = (self._key_of(req, tokens, ns, end)
+                   if end is not None and depth < end <= len(tokens) else None)
+        self._placements[key] = Placed(req.rid, end, end_key, sibs)
+        self.placed[source].published(key, depth)
+        if len(self._placements) > KEYS:
+            self._placements.pop(next(iter(self._placements)))
+
+    def _placement_hits(self, req: Req, tokens, ns, prefix: int) -> None:
+        """`req` uses each open placement whose prefix it shares (its ready prefix not past
+        it: no deeper state served it) but not to the placing request's own publish depth
+        (there SGLang's own state serves it without any boundary)."""
+        n = len(tokens)
+        for rate in self.placed.values():
+            for d in rate.open_depths():
+                if not prefix <= d < n:
+                    continue
+                key = self._key_of(req, tokens, ns, d)
+                p = self._placements.get(key)
+                if p is None or p.rid == req.rid or req.rid in p.sibs:
+                    continue
+                if p.end_key is not None and p.end < n and \
+                        self._key_of(req, tokens, ns, p.end) == p.end_key:
+                    continue  # NOTE: a continuation of its end: served natively
+                rate.hit(key)
+
     def _marker_hit(self, req: Req, tokens, ns, prefix: int) -> None:
         hit = self._marked.get(_key(ns, tokens, prefix)) if self._marked else None
         if hit is not None and req.rid not in hit[1]:
@@ -393,13 +453,13 @@ class BoundaryPublisher:
             return False
         prefix = req.prefix_len
         extend = len(tokens) - prefix
-        _, depth = self._target(req, ns, prefix, extend, False)
+        source, depth = self._target(req, ns, prefix, extend, False)
         if depth is None or self._defers.get(req.rid, 0) >= cap:
             return False
         key = self._key_of(req, tokens, ns, depth)
         if key in self._serving:
             return False  # NOTE: a sibling publishes there this round: traversal's case
-        users = self._users(req, tokens, ns, depth, key, adder)
+        users = self._users(req, tokens, ns, depth, key, adder, source)
         c = self.cost() if self.cost is not None else None
         picked = sum(1 for r in adder.can_run_list if r.rid in self._queue_rids)
         behind = max(len(self._queue) - picked - 1, 0) + running
@@ -409,15 +469,20 @@ class BoundaryPublisher:
         self.deferred += 1
         return True
 
-    def _users(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> float:
+    def _users(self, req: Req, tokens, ns, depth: int, key: tuple, adder,
+               source: Reason | None = None) -> float:
+        """Requests expected to reuse a state at `depth` (core/boundary.py `consumers`): its
+        queued siblings, and future ones at the reuse share of `source`'s placements (a
+        learned PLACE rule) or of boundary states (`usage`)."""
         # NOTE: itself and its siblings selected this scan excluded (they run now)
         queued = self._groups_at(depth).get(key, 0) - 1
         queued -= sum(1 for r in adder.can_run_list
                       if r is not req and self._hashes.get((r.rid, depth)) == key)
         # NOTE: SGLang's branching depth is the KV hit floored to the grid
         b = req.mamba_branching_seqlen
+        rate = self.placed[source].exposed_rate if source in self.placed else self.usage.rate
         return consumers(max(queued, 0), b is not None and b >= depth // self.grid.size
-                         * self.grid.size, self.usage.rate)
+                         * self.grid.size, rate)
 
     def _contested(self, depth: int, key: tuple, adder) -> bool:
         """Another group of >= 2 unselected queued requests wants a boundary at `depth`."""
@@ -474,9 +539,9 @@ class BoundaryPublisher:
             self.grid.branch_ok(prefix, extend, branching)
 
     def _publish(self, req: Req, tokens, ns, depth: int | None, adder: PrefillAdder,
-                 cut_ok: bool, learned: bool = False) -> Reason:
-        """Publish at a placed `depth` as the PUBLISH rule that fires says (core/boundary.py
-        `publish_rule`); that rule."""
+                 cut_ok: bool, source: Reason = Reason.DECLARED) -> Reason:
+        """Publish at a placed `depth` (placed by PLACE rule `source`) as the PUBLISH rule that
+        fires says (core/boundary.py `publish_rule`); that rule."""
         can_cut = cut_ok and adder.new_chunked_req in (None, req)
 
         def key() -> tuple:
@@ -488,7 +553,8 @@ class BoundaryPublisher:
             # queued group whose first can be cut and the rest wait for it
             lambda: (self._users(req, tokens, ns, depth, key(), adder) <= 0
                      and self._contested(depth, key(), adder)),
-            learned, lambda: self._cut_pays(req, tokens, ns, depth, key(), adder))
+            source != Reason.DECLARED,
+            lambda: self._cut_pays(req, tokens, ns, depth, key(), adder, source))
         if how is Reason.MOVE:
             req.mamba_branching_seqlen = depth  # NOTE: read by prepare_for_extend
         elif how in (Reason.KEEP_END, Reason.CUT):
@@ -496,13 +562,15 @@ class BoundaryPublisher:
             self.cut = req
         elif how is Reason.CUT_UNUSED:
             self.skipped += 1
-        elif how is Reason.CUT_UNPAID:
+        elif how in (Reason.CUT_UNPAID, Reason.KEEP_UNPAID):
             self.unpaid += 1  # NOTE: a guessed boundary's cut must pay for its round
         return how
 
-    def _cut_pays(self, req: Req, tokens, ns, depth: int, key: tuple, adder) -> bool:
-        """no_buffer, a learned boundary: the cut's state saves more than the round the cut
-        adds to `req` (core/cost.py `cut_pays`; behind it: the unselected queue)."""
+    def _cut_pays(self, req: Req, tokens, ns, depth: int, key: tuple, adder,
+                  source: Reason) -> bool:
+        """A learned boundary (PLACE rule `source`): the cut's state saves more than the round
+        the cut adds to `req` (core/cost.py `cut_pays`; behind it: the unselected queue; its
+        future users: the placements of `source` a later request used, `placed`)."""
         c = self.cost() if self.cost is not None else None
         if c is None or not measured(c):
             return True  # NOTE: the prior's alpha is an assumption: gate on measured rounds
@@ -512,7 +580,7 @@ class BoundaryPublisher:
         # NOTE: queued input lengths: an upper bound of the demand, as the wait rule's
         backlog = sum(req_len(r) for r in rest) > left
         budget = int(left + adder.log_input_tokens) if backlog else 0
-        users = self._users(req, tokens, ns, depth, key, adder)
+        users = self._users(req, tokens, ns, depth, key, adder, source)
         if (not backlog and self.older_by is not None
                 and cut_raises_tail(c, len(tokens) - depth, self.older_by(req, adder))):
             return False
@@ -537,7 +605,9 @@ class BoundaryPublisher:
                 "moved_repeat": self.moved["repeat"], "fork_marks": self.moved["fork_mark"],
                 "deferred": self.deferred,
                 "cuts_skipped": self.skipped, "cuts_unpaid": self.unpaid,
-                "reused_share": round(self.usage.rate, 3)}
+                "reused_share": round(self.usage.rate, 3),
+                "placed_reused_share": {str(r): round(u.exposed_rate, 3)
+                                        for r, u in self.placed.items()}}
 
 
 def _key(ns, tokens, depth: int) -> tuple:

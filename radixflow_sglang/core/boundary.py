@@ -149,6 +149,10 @@ class UsageRate:
         """Whether a state at `depth` is open (a cheap test before hashing a prefix)."""
         return depth in self._depths
 
+    def open_depths(self) -> list[int]:
+        """The depths of the open states (each once)."""
+        return list(self._depths)
+
     def hit(self, key: Hashable) -> None:
         if self._state.get(key) is False:
             self._state[key] = True
@@ -157,6 +161,18 @@ class UsageRate:
     @property
     def rate(self) -> float:
         return (self.used + 1) / (self.used + self.unused + 1)
+
+    @property
+    def exposed_rate(self) -> float:
+        """`rate` with each open state not hit yet counted unused in proportion to its age
+        (later states published since, over `window`): a hit rate that falls as states go
+        unused, not only once `window` more were published (the first `window` guesses would
+        otherwise all be made on the prior). Laplace-smoothed as `rate`."""
+        n, exposure = len(self._open), 0.0
+        for i, (key, _) in enumerate(self._open):
+            if not self._state[key]:
+                exposure += (n - 1 - i) / self.window
+        return (self.used + 1) / (self.used + self.unused + exposure + 1)
 
 
 FORK, CONTINUATION, REPEAT = "fork", "continuation", "repeat"
@@ -583,11 +599,16 @@ def publish_rule(depth: int | None, layout: Layout, can_cut: bool, keep: Callabl
     """PUBLISH: how a placed boundary at `depth` publishes, first rule that fires. `can_cut`:
     SGLang's one chunk slot is free for it; `keep`: extra_buffer's lost tail costs more than
     a round; `unused`: no_buffer, nobody is expected to use the cut while a queued group wants
-    the slot; `pays`: a learned cut pays for its round. Asked lazily, in order."""
+    the slot; `pays`: a learned cut (no_buffer, or extra_buffer's keep) pays for its round.
+    Asked lazily, in order."""
     if depth is None:
         return Reason.OUTSIDE
     if layout is Layout.EXTRA_BUFFER:
-        return Reason.KEEP_END if can_cut and keep() else Reason.MOVE
+        if not (can_cut and keep()):
+            return Reason.MOVE
+        # NOTE: the lost tail costs more than a round and a guessed state saves less than its
+        # round: neither the cut nor the move pays, SGLang's own end state serves most
+        return Reason.KEEP_UNPAID if learned and not pays() else Reason.KEEP_END
     if not can_cut:
         return Reason.SLOT_TAKEN
     if unused():

@@ -78,6 +78,7 @@ class Reason(StrEnum):
 
     # --- PUBLISH (core/boundary.py publish_rule): how a placed boundary publishes -----------
     OUTSIDE = "outside"  # its grid floor is not inside this extend (ready < d < end)
+    KEEP_UNPAID = "keep_unpaid"  # extra_buffer, not declared: keep_end's cut does not pay
     KEEP_END = "keep_end"  # extra_buffer: cut there so the end state publishes too
     MOVE = "move"  # extra_buffer: the one tracked state moves there
     SLOT_TAKEN = "slot_taken"  # no_buffer: SGLang's one chunk slot is taken (or no chunking)
@@ -168,6 +169,9 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth"),
     Rule(PUBLISH, Reason.OUTSIDE, Action.NATIVE,
          "the boundary's grid floor is not inside this extend"),
+    Rule(PUBLISH, Reason.KEEP_UNPAID, Action.NATIVE,
+         "extra_buffer, not declared: the slot is free and the lost tail costs more than a "
+         "round, but the cut does not pay for its round (cut must pay, tail guard)"),
     Rule(PUBLISH, Reason.KEEP_END, Action.CUT,
          "extra_buffer: the slot is free and the lost tail costs more than a round: cut"),
     Rule(PUBLISH, Reason.MOVE, Action.MOVE, "extra_buffer: move the one tracked state"),
