@@ -24,7 +24,7 @@ class Demand:
     """What the gate sees this iteration; every field but `oldest_arrival` and `rate` is
     identical on all TP ranks."""
 
-    held: int  # requests waiting
+    held: int  # requests waiting (>= 1: nothing is decided for none)
     oldest_arrival: float  # arrival time of the oldest waiting request (rank-local clock)
     busy: bool  # a running batch, a continuing chunk or an extend batch in flight
     free_rows: int  # rows this round can still take
@@ -67,9 +67,8 @@ class Gate:
         self.cost_aware = cost_aware and mode == "flex"  # NOTE: timers stay the paper's
 
     def decide(self, d: Demand, now: float) -> Decision:
-        # NOTE: `enabled`: an ablated rule (core/reasons.py) lets the next one decide
-        if d.held == 0 and enabled(Reason.NONE):
-            return Decision(False, Reason.NONE)
+        # NOTE: asked only with requests held (`d.held` >= 1: the adapter decides nothing for
+        # an empty hold); `enabled`: an ablated rule (core/reasons.py) lets the next one decide
         # NOTE: rank-identical rules first; only cost and deadline read this rank's clock.
         if enabled(Reason.ROWS) and d.free_rows > 0 and d.held >= d.free_rows:
             return Decision(False, Reason.ROWS)

@@ -41,7 +41,6 @@ class Reason(StrEnum):
     """Why a decision went the way it did. A str: traces and JSON carry the value."""
 
     # --- HOLD (core/admission.py Gate.decide), checked in this order ---------------------------
-    NONE = "none"  # nothing held: nothing to decide
     ROWS = "rows"  # held requests fill the rows the round can take: release
     BUSY = "busy"  # work is running: release (flex)
     TOKENS = "tokens"  # held token demand fills the round's budget: release (flex)
@@ -122,7 +121,6 @@ HOLD, VISIT, DEFER, PLACE, PUBLISH = "hold", "visit", "defer", "place", "publish
 POINTS = (HOLD, VISIT, DEFER, PLACE, PUBLISH)
 
 RULEBOOK: tuple[Rule, ...] = (
-    Rule(HOLD, Reason.NONE, Action.RELEASE, "nothing is held"),
     Rule(HOLD, Reason.ROWS, Action.RELEASE, "held requests fill the free rows"),
     Rule(HOLD, Reason.BUSY, Action.RELEASE, "flex: work is running or in flight"),
     Rule(HOLD, Reason.TOKENS, Action.RELEASE, "flex: held token demand fills the token budget"),
