@@ -312,6 +312,16 @@ def long_doc(k) -> None:
              *[k.req(f"D{i}", toks(80_000 + 1000 * i, 700)) for i in range(4)])
 
 
+class Ticking:
+    """A clock the test sets (`now`); a hold's sleep moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+
 def run(scenario: Scenario, policy: str = "radixflow", ablate=(), config=None,
         **cfg) -> tuple[dict, list]:
     """Decisions by reason (every point) and what the scan did: the prefill schedule (rids,
@@ -335,25 +345,39 @@ def run(scenario: Scenario, policy: str = "radixflow", ablate=(), config=None,
 
 
 def decides(reason: Reason, scenario: Scenario, *, fails: bool = False, policy="radixflow",
-            config=None, **cfg) -> None:
+            **cfg) -> None:
     """`reason` decides in `scenario`; ablated, the scan's schedule or work changes (or, for a
     rule that guards correctness, the run fails)."""
-    counts, schedule = run(scenario, policy, config=config, **cfg)
+    counts, schedule = run(scenario, policy, **cfg)
     assert counts.get(reason.value, 0) > 0, counts
     if fails:
         with pytest.raises(Exception):  # noqa: B017 PT011  NOTE: whatever breaks first
-            run(scenario, policy, [reason], config=config, **cfg)
+            run(scenario, policy, [reason], **cfg)
         return
-    assert run(scenario, policy, [reason], config=config, **cfg)[1] != schedule
+    assert run(scenario, policy, [reason], **cfg)[1] != schedule
 
 
 def test_rule_held():
-    def chunk_then_arrival(k) -> None:
-        k.submit(k.req("a", toks(1000, 3000)))
-        k.step()  # NOTE: the hold waits out its deadline; a's first chunk runs
-        k.submit(k.req("b", toks(9000, 100)))  # held while a's chunk continues
+    """timer5: early's deadline passed, late and early2 arrived just now; the scan runs early
+    and skips the fresh ones (tests/test_admission.py's shape). Without the rule they run
+    ahead of their deadline."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
 
-    decides(R.HELD, chunk_then_arrival, policy="timer5", tokens=1024)
+    def first_round(ablate=()) -> tuple[list[str], dict]:
+        clock = Ticking()
+        with ablating(ablate):
+            k = Kit(KitConfig(), policy="timer5", clock=lambda: clock.now, sleep=clock.sleep)
+            k.submit(k.req("early", toks(60_000, 400)))
+            assert k.step() is None
+            clock.now = 0.005
+            k.submit(k.req("late", toks(70_000, 400)), k.req("early2", toks(80_000, 100)))
+            k.sched.waiting_queue.sort(key=lambda r: r.rid != "late")
+            rids = k.step().rids
+        return rids, k.runtime.summary()["reasons"]
+
+    rids, counts = first_round()
+    assert rids == ["early"] and counts[R.HELD.value] > 0
+    assert first_round([R.HELD])[0] != rids
 
 
 def test_rule_no_traversal():
