@@ -201,6 +201,8 @@ class ArmResult:
     wall_s: float = 0.0
     requests: dict[str, _Branch] = field(default_factory=dict)  # rid -> its chunks and lives
     outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rid -> generated ids
+    # NOTE: decisions by the rule that made them, every point (core/reasons.py; none for stock)
+    reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -483,6 +485,9 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     if kit.witness is not None:
         result.metrics["witness"] = kit.witness.stats.as_dict()
     result.outputs = loop.log.outputs
+    if rt is not None:
+        s = rt.summary()
+        result.reasons = {**s["hold_reasons"], **s["reasons"], **s["boundary_reasons"]}
     result.wall_s = time.perf_counter() - t_wall
     return result
 

@@ -44,8 +44,11 @@ def test_timer_ignores_running_work_and_token_demand():
     assert g.decide(demand(), now=0.010).reason == "deadline"
 
 
-def test_empty_queue_changes_nothing():
-    assert Gate("flex", 5).decide(demand(held=0), now=0.0) == Decision(False, "none")
+def test_empty_queue_changes_nothing(make_kit, clock):
+    """Nothing queued, nothing fresh: the hold decides nothing (the gate is asked only with
+    requests held; its `none` rule, never reached, went with issue 35's ablation)."""
+    k = make_kit(policy="flex", clock=clock)
+    assert k.step() is None and k.runtime.summary()["hold_reasons"] == {}
 
 
 def test_each_policy_composes_exactly_its_pieces():

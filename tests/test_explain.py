@@ -53,7 +53,7 @@ def test_explain_prints_the_rulebook(capsys):
 
     assert explain.main(["--rulebook"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line[2:3].isdigit()]
-    assert len(rows) == len(RULEBOOK) and "`none`" in rows[0]
+    assert len(rows) == len(RULEBOOK) and "`rows`" in rows[0]
 
 
 def test_explain_piped_into_head_prints_no_traceback(tmp_path):

@@ -18,9 +18,9 @@ import torch.distributed as dist
 from radixflow_sglang.core.admission import Agreement, Decision, local_agreement
 from radixflow_sglang.core.reasons import Reason
 
-# NOTE: the broadcast's codes; the order is the wire format, fixed
-REASONS = (Reason.HOLD, Reason.DEADLINE, Reason.BUSY, Reason.ROWS, Reason.TOKENS, Reason.NONE,
-           Reason.COST)
+# NOTE: the broadcast's codes; the order is the wire format, fixed within a build (every rank
+# runs the same one; `none` went with the rule, issue 35's ablation)
+REASONS = (Reason.HOLD, Reason.DEADLINE, Reason.BUSY, Reason.ROWS, Reason.TOKENS, Reason.COST)
 
 
 def group_agreement(group) -> Agreement:

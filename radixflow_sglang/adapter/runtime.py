@@ -31,7 +31,7 @@ from radixflow_sglang.core.cost import (
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.producers import Producer
-from radixflow_sglang.core.reasons import RULEBOOK, RULES, Action, Reason
+from radixflow_sglang.core.reasons import RULEBOOK, RULES, Action, Reason, enabled
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
@@ -164,7 +164,7 @@ class RadixFlowRuntime:
             return
         if self.spec.cost_aware:
             self._count_arrivals(sched.waiting_queue)
-            if self._quiet_scan(sched, adder):
+            if enabled(Reason.QUIET_SCAN) and self._quiet_scan(sched, adder):
                 # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
                 # plus the boundary publisher's work (eval/hostcost.py charges it apart)
                 scan.quiet = True
@@ -250,20 +250,21 @@ class RadixFlowRuntime:
         return action is not Action.NATIVE
 
     def _visit(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
-        """The VISIT rules, in the rulebook's order; the first that fires decides."""
+        """The VISIT rules, in the rulebook's order; the first that fires decides (an ablated
+        one, `enabled` False, lets the next decide: core/reasons.py)."""
         self._register(req)
-        if self.gate is not None and not self.requests[req.rid].eligible:
+        if self.gate is not None and enabled(Reason.HELD) and not self.requests[req.rid].eligible:
             self.stats.held += 1  # held by the timer while eligible work runs: not visited
             return Action.HOLD, Reason.HELD
         self.stats.visited += 1
         t = self.traversal
-        if t is None:
+        if t is None and enabled(Reason.NO_TRAVERSAL):
             return Action.NATIVE, Reason.NO_TRAVERSAL
         if self.scan.quiet:
             return Action.NATIVE, Reason.QUIET_SCAN
-        if getattr(req, "session", None) is not None:
+        if getattr(req, "session", None) is not None and enabled(Reason.SESSION):
             return Action.NATIVE, Reason.SESSION
-        if t.quiet():
+        if enabled(Reason.NO_PRODUCER) and t.quiet():
             # NOTE: no producer indexed (none in flight, none admitted yet this scan): nothing
             # can be Blocked; a request parked last round is rechecked and goes native
             self.quiet_visits += 1
@@ -272,7 +273,7 @@ class RadixFlowRuntime:
             return Action.NATIVE, Reason.NO_PRODUCER
         tokens, ns = req_tokens(req), namespace(req)
         hits = t.may_block(req.rid, ns, tokens)
-        if not hits:
+        if not hits and enabled(Reason.NO_SHARER):
             t.waits.release(req.rid)  # rechecked: no live producer, native handling
             self.scan.independent = req.rid  # NOTE: `_newcomer_defers` reads it next
             return Action.NATIVE, Reason.NO_SHARER
@@ -281,13 +282,13 @@ class RadixFlowRuntime:
         sibs: dict[int, int] = {}
         if not req.is_dllm():
             c0 = Candidate(req.rid, ns, tokens, 0, req._compute_max_prefix_len(len(tokens)))
-            if t.classify(c0, hits) is None:
+            if enabled(Reason.NOT_BLOCKED) and t.classify(c0, hits) is None:
                 # NOTE: not Blocked even with nothing ready (a larger ready prefix only shrinks
                 # the gain): skip the probe match, native handling matches once, as stock does
                 t.waits.release(req.rid)
                 return Action.NATIVE, Reason.NOT_BLOCKED
-            if self.spec.cost_aware and self._recomputes_unprobed(sched, req, adder, c0, hits,
-                                                                  sibs):
+            if (self.spec.cost_aware and enabled(Reason.RECOMPUTE_UNPROBED)
+                    and self._recomputes_unprobed(sched, req, adder, c0, hits, sibs)):
                 t.waits.release(req.rid)  # recomputing wins even at the largest gain
                 self.stats.recomputed += 1
                 return Action.NATIVE, Reason.RECOMPUTE_UNPROBED
@@ -297,7 +298,7 @@ class RadixFlowRuntime:
         cand = Candidate(req.rid, ns, tokens, req.prefix_len,
                          req._compute_max_prefix_len(len(tokens)))
         b = t.classify(cand, hits)
-        if b is None:
+        if b is None and enabled(Reason.NOT_BLOCKED):
             t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
             return Action.NATIVE, Reason.NOT_BLOCKED
         why = Reason.ALWAYS_WAIT
@@ -587,23 +588,25 @@ class RadixFlowRuntime:
         return action is Action.DEFER
 
     def _defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
-        """The DEFER rules, in the rulebook's order; the first that fires decides."""
-        if self._newcomer_defers(sched, req, adder):
+        """The DEFER rules, in the rulebook's order; the first that fires decides (an ablated
+        one, `enabled` False, lets the next decide; without `fragment`, no fragment guard)."""
+        if enabled(Reason.NEWCOMER) and self._newcomer_defers(sched, req, adder):
             return Action.DEFER, Reason.NEWCOMER
         left = adder.rem_chunk_tokens
-        if left is None or not adder.can_run_list:
+        if enabled(Reason.NO_CUT) and (left is None or not adder.can_run_list):
             return Action.ADMIT, Reason.NO_CUT
-        if self._boundary_defer(sched, req, adder):
+        if enabled(Reason.BOUNDARY_SLOT) and self._boundary_defer(sched, req, adder):
             return Action.DEFER, Reason.BOUNDARY_SLOT
         cut = chunk_cut(sched, adder, req, left)
-        if cut is None:
+        if cut is None and enabled(Reason.FITS):
             return Action.ADMIT, Reason.FITS
-        if self.scan.fork_chunk is not None:
+        if self.scan.fork_chunk is not None and enabled(Reason.FORK_SLOT):
             return Action.DEFER, Reason.FORK_SLOT
-        if not self.spec.frag or cut <= 0 or cut >= self.grid.size:
+        guard = self.spec.frag and enabled(Reason.FRAGMENT)
+        if enabled(Reason.NATIVE_CUT) and (not guard or cut <= 0 or cut >= self.grid.size):
             return Action.ADMIT, Reason.NATIVE_CUT
         n = self.frag_deferred.get(req.rid, 0)
-        if n >= self.cfg.frag_cap:
+        if n >= self.cfg.frag_cap and enabled(Reason.FRAG_CAP):
             return Action.ADMIT, Reason.FRAG_CAP
         self.frag_deferred[req.rid] = n + 1
         self.stats.frag_deferred += 1

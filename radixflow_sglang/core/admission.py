@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from radixflow_sglang.core.cost import CostCoeffs
-from radixflow_sglang.core.reasons import Reason
+from radixflow_sglang.core.reasons import Reason, enabled
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Demand:
     """What the gate sees this iteration; every field but `oldest_arrival` and `rate` is
     identical on all TP ranks."""
 
-    held: int  # requests waiting
+    held: int  # requests waiting (>= 1: nothing is decided for none)
     oldest_arrival: float  # arrival time of the oldest waiting request (rank-local clock)
     busy: bool  # a running batch, a continuing chunk or an extend batch in flight
     free_rows: int  # rows this round can still take
@@ -67,21 +67,21 @@ class Gate:
         self.cost_aware = cost_aware and mode == "flex"  # NOTE: timers stay the paper's
 
     def decide(self, d: Demand, now: float) -> Decision:
-        if d.held == 0:
-            return Decision(False, Reason.NONE)
+        # NOTE: asked only with requests held (`d.held` >= 1: the adapter decides nothing for
+        # an empty hold); `enabled`: an ablated rule (core/reasons.py) lets the next one decide
         # NOTE: rank-identical rules first; only cost and deadline read this rank's clock.
-        if d.free_rows > 0 and d.held >= d.free_rows:
+        if enabled(Reason.ROWS) and d.free_rows > 0 and d.held >= d.free_rows:
             return Decision(False, Reason.ROWS)
         if self.mode == "flex":
-            if d.busy:
+            if d.busy and enabled(Reason.BUSY):
                 return Decision(False, Reason.BUSY)
-            if d.residual_tokens >= d.token_budget:
+            if d.residual_tokens >= d.token_budget and enabled(Reason.TOKENS):
                 return Decision(False, Reason.TOKENS)
-            if self.cost_aware and (d.cost is None
-                                    or hold_gain(d.held, d.rate, d.mean_extend, d.cost,
-                                                 d.burst) <= 0):
+            if self.cost_aware and enabled(Reason.COST) and (
+                    d.cost is None
+                    or hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0):
                 return Decision(False, Reason.COST)
-        if now - d.oldest_arrival >= self.deadline_s:
+        if now - d.oldest_arrival >= self.deadline_s and enabled(Reason.DEADLINE):
             return Decision(False, Reason.DEADLINE)
         return Decision(True, Reason.HOLD)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .cost import CostCoeffs
 from .grid import Grid, Layout
-from .reasons import Reason
+from .reasons import Reason, enabled
 
 MODES = ("off", "declared", "learned", "both")
 RULES = ("optimal", "mode")
@@ -579,15 +579,15 @@ def place_rule(declared: Depth | None, learning: bool, native_branch: bool, mark
     depth. `declared`: None without a declaration, else its depth on the grid (None when
     outside the extend: the rule still fires and PUBLISH says `outside`). The learned sources
     are asked lazily, in order, only while `learning` and the match has no branching depth."""
-    if declared is not None:
+    if declared is not None and enabled(Reason.DECLARED):
         return Reason.DECLARED, declared()
     if not learning:
         return Reason.NO_BOUNDARY, None
-    if native_branch:
+    if native_branch and enabled(Reason.NATIVE_BRANCH):
         return Reason.NATIVE_BRANCH, None
     for reason, depth in ((Reason.MARKER, marker), (Reason.REPEAT, repeat),
                           (Reason.LEARNED, learned)):
-        d = depth()
+        d = depth() if enabled(reason) else None
         if d is not None:
             return reason, d
     return Reason.NO_BOUNDARY, None
@@ -601,18 +601,22 @@ def publish_rule(depth: int | None, layout: Layout, can_cut: bool, keep: Callabl
     a round; `unused`: no_buffer, nobody is expected to use the cut while a queued group wants
     the slot; `pays`: a learned cut (no_buffer, or extra_buffer's keep) pays for its round.
     Asked lazily, in order."""
-    if depth is None:
+    if depth is None and enabled(Reason.OUTSIDE):
         return Reason.OUTSIDE
     if layout is Layout.EXTRA_BUFFER:
-        if not (can_cut and keep()):
+        if can_cut and keep():
+            # NOTE: the lost tail costs more than a round; a guessed state that saves less
+            # than its round pays for neither the cut nor the move: SGLang's own end state
+            if learned and enabled(Reason.KEEP_UNPAID) and not pays():
+                return Reason.KEEP_UNPAID
+            if enabled(Reason.KEEP_END):
+                return Reason.KEEP_END
+        if enabled(Reason.MOVE):
             return Reason.MOVE
-        # NOTE: the lost tail costs more than a round and a guessed state saves less than its
-        # round: neither the cut nor the move pays, SGLang's own end state serves most
-        return Reason.KEEP_UNPAID if learned and not pays() else Reason.KEEP_END
-    if not can_cut:
+    if not can_cut and enabled(Reason.SLOT_TAKEN):
         return Reason.SLOT_TAKEN
-    if unused():
+    if enabled(Reason.CUT_UNUSED) and unused():
         return Reason.CUT_UNUSED
-    if learned and not pays():
+    if learned and enabled(Reason.CUT_UNPAID) and not pays():
         return Reason.CUT_UNPAID
     return Reason.CUT

@@ -15,7 +15,7 @@ import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from .reasons import Reason
+from .reasons import Reason, enabled
 
 PEAK_FLOPS = 790e12  # H200 dense bf16, FLOP/s (assumption, eval/costmodel.py docstring)
 MFU = 0.5  # prefill model FLOP utilisation (assumption)
@@ -460,8 +460,11 @@ def group_wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     """`_group_verdict`, unless its wait would make the group's question the slowest of the
     requests the choice affects (`raises_tail`): then it recomputes, as SGLang does."""
     g = _group_verdict(c, case, v)
-    if g.wait and raises_tail(c, case, v):
+    if g.wait and enabled(Reason.TAIL_GUARD) and raises_tail(c, case, v):
         return Verdict(False, g.wait_s, g.recompute_s, tail=True)
+    # NOTE: an ablated comparison side (core/reasons.py) hands its verdict to the other side
+    if not enabled(g.reason):
+        return Verdict(not g.wait, g.wait_s, g.recompute_s)
     return g
 
 

@@ -20,10 +20,19 @@ Each decision point applies its rules top to bottom and the first that fires dec
 runtime's counts (`/server_info` `radixflow.reasons`; HOLD decisions, one per scheduler pass,
 apart in `radixflow.hold_reasons`; every point's in Prometheus `radixflow_decisions`) and
 `python -m radixflow_sglang.explain`. Pure Python, no SGLang import.
+
+Ablation (eval/ablation.py, tests/test_rules.py): `RADIXFLOW_ABLATE="reason,reason"` (read
+once, at import) or `ablating(...)` disables named rules: each rule site asks `enabled(reason)`
+and, when it is not, the decision point goes on to its next rule. A point's default (the rule
+that decides when no other fires: `Rule.default`) cannot be ablated. For eval and tests only:
+every rank reads the same environment, so an ablation is rank-identical.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -32,7 +41,6 @@ class Reason(StrEnum):
     """Why a decision went the way it did. A str: traces and JSON carry the value."""
 
     # --- HOLD (core/admission.py Gate.decide), checked in this order ---------------------------
-    NONE = "none"  # nothing held: nothing to decide
     ROWS = "rows"  # held requests fill the rows the round can take: release
     BUSY = "busy"  # work is running: release (flex)
     TOKENS = "tokens"  # held token demand fills the round's budget: release (flex)
@@ -103,23 +111,23 @@ class Action(StrEnum):
 
 @dataclass(frozen=True)
 class Rule:
-    point: str  # hold | visit | defer
+    point: str  # hold | visit | defer | place | publish
     reason: Reason
     action: Action  # what the decision does when this rule fires
     says: str  # one line, the rule
+    default: bool = False  # the point's otherwise (or a policy's): never ablated
 
 
 HOLD, VISIT, DEFER, PLACE, PUBLISH = "hold", "visit", "defer", "place", "publish"
 POINTS = (HOLD, VISIT, DEFER, PLACE, PUBLISH)
 
 RULEBOOK: tuple[Rule, ...] = (
-    Rule(HOLD, Reason.NONE, Action.RELEASE, "nothing is held"),
     Rule(HOLD, Reason.ROWS, Action.RELEASE, "held requests fill the free rows"),
     Rule(HOLD, Reason.BUSY, Action.RELEASE, "flex: work is running or in flight"),
     Rule(HOLD, Reason.TOKENS, Action.RELEASE, "flex: held token demand fills the token budget"),
     Rule(HOLD, Reason.COST, Action.RELEASE, "cost-aware flex: holding cannot win (hold_gain <= 0)"),
     Rule(HOLD, Reason.DEADLINE, Action.RELEASE, "the oldest held request reached the deadline"),
-    Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold"),
+    Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold", default=True),
     Rule(VISIT, Reason.HELD, Action.HOLD, "the admission hold has not released it"),
     Rule(VISIT, Reason.NO_TRAVERSAL, Action.NATIVE, "the policy has no traversal (or no reuse)"),
     Rule(VISIT, Reason.QUIET_SCAN, Action.NATIVE, "a quiet scan: no candidate can wait"),
@@ -131,7 +139,8 @@ RULEBOOK: tuple[Rule, ...] = (
          "(checked with nothing ready, then after the probe match)"),
     Rule(VISIT, Reason.RECOMPUTE_UNPROBED, Action.NATIVE,
          "cost-aware: recomputing wins at every ready prefix it could have (no probe)"),
-    Rule(VISIT, Reason.ALWAYS_WAIT, Action.PARK, "always-wait rule: Blocked parks"),
+    Rule(VISIT, Reason.ALWAYS_WAIT, Action.PARK, "always-wait rule: Blocked parks",
+         default=True),
     Rule(VISIT, Reason.COMMITTED_WAIT, Action.PARK,
          "cost-aware: a wait decided over 2 rounds is kept on its second visit"),
     Rule(VISIT, Reason.BOUND_WOULD_CUT, Action.NATIVE,
@@ -166,7 +175,8 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(PLACE, Reason.REPEAT, Action.TARGET, "learned: its namespace repeats prompts: length - 1"),
     Rule(PLACE, Reason.LEARNED, Action.TARGET,
          "learned: a fork depth seen >= 2 times, unless a queued sibling forks past it"),
-    Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth"),
+    Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth",
+         default=True),
     Rule(PUBLISH, Reason.OUTSIDE, Action.NATIVE,
          "the boundary's grid floor is not inside this extend"),
     Rule(PUBLISH, Reason.KEEP_UNPAID, Action.NATIVE,
@@ -181,7 +191,8 @@ RULEBOOK: tuple[Rule, ...] = (
          "no_buffer: nobody is expected to use it while a queued group wants the slot"),
     Rule(PUBLISH, Reason.CUT_UNPAID, Action.NATIVE,
          "no_buffer, not declared: the cut does not pay for its round (cut must pay, tail guard)"),
-    Rule(PUBLISH, Reason.CUT, Action.CUT, "no_buffer: cut the extend at the boundary"),
+    Rule(PUBLISH, Reason.CUT, Action.CUT, "otherwise: cut the extend at the boundary",
+         default=True),
 )
 
 
@@ -197,6 +208,51 @@ def rulebook_table() -> str:
     """The rulebook as docs/design.md's table (`python -m radixflow_sglang.explain --rulebook`
     prints it; tests/test_reasons.py checks the design carries it verbatim)."""
     head = ["| # | point | rule (reason) | action | says |", "|---|---|---|---|---|"]
-    rows = [f"| {n} | {r.point} | `{r.reason.value}` | {r.action.value} | {r.says} |"
+    rows = [f"| {n} | {r.point} | `{r.reason.value}` | {r.action.value} | {r.says}"
+            f"{' (default: not ablatable)' if r.default else ''} |"
             for n, r in enumerate(RULEBOOK, 1)]
     return "\n".join(head + rows) + "\n"
+
+
+# --- ablation: disable named rules (eval/ablation.py, tests/test_rules.py) --------------------
+ABLATE_ENV = "RADIXFLOW_ABLATE"
+ABLATABLE: tuple[Reason, ...] = tuple(r.reason for r in RULEBOOK if not r.default)
+
+
+def parse_ablate(names: str | Iterable[str | Reason]) -> frozenset[Reason]:
+    """Rules named by value ("a,b" or an iterable); an unknown name or a default is an error
+    that names the variable and lists the rules that can be ablated."""
+    items = names.split(",") if isinstance(names, str) else [str(n) for n in names]
+    out = set()
+    for name in (n.strip() for n in items):
+        if not name:
+            continue
+        if name not in {r.value for r in ABLATABLE}:
+            kind = "a default rule" if name in {r.value for r in Reason} else "no rule"
+            raise ValueError(f"{ABLATE_ENV}: {name!r} is {kind}; ablatable rules: "
+                             f"{', '.join(r.value for r in ABLATABLE)}")
+        out.add(Reason(name))
+    return frozenset(out)
+
+
+_ablated: frozenset[Reason] = parse_ablate(os.environ.get(ABLATE_ENV, ""))
+
+
+def enabled(reason: Reason) -> bool:
+    """False while `reason`'s rule is ablated: its site lets the point go on to the next rule."""
+    return reason not in _ablated
+
+
+def ablated() -> frozenset[Reason]:
+    return _ablated
+
+
+@contextmanager
+def ablating(names: str | Iterable[str | Reason]) -> Iterator[frozenset[Reason]]:
+    """Disable the named rules for the block (in-process eval arms and tests)."""
+    global _ablated
+    before, _ablated = _ablated, parse_ablate(names)
+    try:
+        yield _ablated
+    finally:
+        _ablated = before

@@ -28,7 +28,7 @@ from .cost import (
 from .grid import Grid, Layout
 from .outcome import Blocking
 from .producers import Producer, ProducerIndex, TokenChains
-from .reasons import Reason
+from .reasons import Reason, enabled
 from .stats import RoundStats
 from .waitset import WaitSet
 
@@ -210,17 +210,18 @@ class Traversal:
         verdict names the rule that decided (`Verdict.reason`, core/reasons.py)."""
         if not self.cfg.cost_aware:
             return Verdict(True, 0.0, 0.0, reason=Reason.ALWAYS_WAIT)
-        if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
+        if (enabled(Reason.COMMITTED_WAIT) and self._committed.get(c.rid) == b.producer
+                and b.producer in self._inflight):
             return Verdict(True, 0.0, 0.0, reason=Reason.COMMITTED_WAIT)
         lag = 1 if b.producer in self._inflight else self.cfg.lag
-        if 0 < self.waits.rounds_left(c.rid) < lag:
+        if enabled(Reason.BOUND_WOULD_CUT) and 0 < self.waits.rounds_left(c.rid) < lag:
             # NOTE: the bound releases it before the state is published: it would park, then
             # recompute the same gain rounds later (a chain of waits under overlap). A spent
             # bound (0 left) is `park`'s to count.
             return Verdict(False, 0.0, 0.0, reason=Reason.BOUND_WOULD_CUT)
         key = self._group(c, b)
         v = self._groups.get(key)
-        if v is None and _unready(key) in self._unprobed:
+        if v is None and enabled(Reason.GROUP_UNPROBED) and _unready(key) in self._unprobed:
             # NOTE: its group recomputed unprobed
             v = self._groups[key] = Verdict(False, 0.0, 0.0, reason=Reason.GROUP_UNPROBED)
         if v is None:
@@ -294,7 +295,7 @@ class Traversal:
 
     def park(self, c: Candidate, b: Blocking) -> bool:
         """Park a Blocked request; False when its bound is spent (caller goes native)."""
-        if not self.waits.may_park(c.rid):
+        if enabled(Reason.BOUND_SPENT) and not self.waits.may_park(c.rid):
             self.waits.release(c.rid)
             self.stats.released_by_bound += 1
             return False

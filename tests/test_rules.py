@@ -1,0 +1,512 @@
+"""One test per rule of the rulebook (core/reasons.py), named after it: a situation where the
+rule decides, asserted by its reason, and (every rule but a point's default) what changes when
+the rule is ablated (`ablating`: its decision point goes on to the next rule). A rule whose
+ablation changes nothing here or in eval.ablation's cells is deleted, not kept (issue 35).
+
+Pure core functions where the rule is pure (HOLD, PLACE, PUBLISH, the wait rule's verdict and
+bounds); SGLang's real scan on CPU (the kit) for the runtime's VISIT and DEFER points."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+
+from radixflow_sglang.core.admission import Demand, Gate
+from radixflow_sglang.core.boundary import place_rule, publish_rule
+from radixflow_sglang.core.cost import CostCoeffs, RoundView, WaitCase, group_wait_wins
+from radixflow_sglang.core.grid import Grid, Layout
+from radixflow_sglang.core.reasons import (
+    ABLATABLE,
+    ABLATE_ENV,
+    RULEBOOK,
+    Reason,
+    ablating,
+    parse_ablate,
+)
+from radixflow_sglang.core.traversal import Traversal, TraversalConfig
+from radixflow_sglang.testing.fixtures import toks
+
+R = Reason
+DOC = toks(1000, 2000)  # 2,000 shared tokens
+G = 64
+
+
+def test_every_rule_has_its_test():
+    names = {n for n in globals() if n.startswith("test_rule_")}
+    assert names == {f"test_rule_{r.reason.value}" for r in RULEBOOK}
+
+
+def test_ablate_names_are_checked():
+    assert parse_ablate(" wait_wins,tail_guard ") == {R.WAIT_WINS, R.TAIL_GUARD}
+    for bad in ("nope", "hold"):
+        with pytest.raises(ValueError, match=ABLATE_ENV) as e:
+            parse_ablate(bad)
+        assert "wait_wins" in str(e.value)  # NOTE: lists the ablatable rules
+    assert {r.reason for r in RULEBOOK if r.default} == {R.HOLD, R.ALWAYS_WAIT, R.NO_BOUNDARY,
+                                                        R.CUT}
+    assert len(ABLATABLE) == len(RULEBOOK) - 4
+
+
+def default_rule(reason: Reason) -> None:
+    """A point's default decides when no other rule fires; it cannot be ablated."""
+    with pytest.raises(ValueError, match="default"):
+        parse_ablate(reason.value)
+
+
+# --- HOLD: core/admission.py Gate.decide ----------------------------------------------------
+
+
+def demand(**kw) -> Demand:
+    base = dict(held=1, oldest_arrival=0.0, busy=False, free_rows=8, token_budget=8192,
+                residual_tokens=100)
+    return Demand(**{**base, **kw})
+
+
+def hold(reason: Reason, d: Demand, now: float = 0.0, cost_aware: bool = False) -> None:
+    """`reason` releases; ablated, the gate holds (nothing else fires in `d`)."""
+    gate = Gate("flex", 5.0, cost_aware=cost_aware)
+    got = gate.decide(d, now)
+    assert (got.hold, got.reason) == (False, reason)
+    with ablating([reason]):
+        assert gate.decide(d, now).hold
+
+
+def test_rule_rows():
+    hold(R.ROWS, demand(held=8))
+
+
+def test_rule_busy():
+    hold(R.BUSY, demand(busy=True))
+
+
+def test_rule_tokens():
+    hold(R.TOKENS, demand(residual_tokens=8192))
+
+
+def test_rule_cost():
+    hold(R.COST, demand(cost=None), cost_aware=True)  # NOTE: no fit yet: holding cannot win
+
+
+def test_rule_deadline():
+    hold(R.DEADLINE, demand(), now=0.005)
+
+
+def test_rule_hold():
+    got = Gate("flex", 5.0).decide(demand(), 0.0)
+    assert (got.hold, got.reason) == (True, R.HOLD)
+    default_rule(R.HOLD)
+
+
+# --- PLACE, PUBLISH: core/boundary.py place_rule, publish_rule -------------------------------
+
+
+def place(declared: int | None, branch: bool, sources: tuple, ablate=()) -> tuple:
+    srcs = [lambda v=v: v for v in sources]
+    decl = None if declared is None else (lambda: declared)
+    with ablating(ablate):
+        return place_rule(decl, True, branch, *srcs)
+
+
+def _place_case(reason: Reason) -> None:
+    cases = {R.DECLARED: (3, False, (5, 6, 7), (R.MARKER, 5)),
+             R.NATIVE_BRANCH: (None, True, (5, 6, 7), (R.MARKER, 5)),
+             R.MARKER: (None, False, (5, 6, 7), (R.REPEAT, 6)),
+             R.REPEAT: (None, False, (None, 6, 7), (R.LEARNED, 7)),
+             R.LEARNED: (None, False, (None, None, 7), (R.NO_BOUNDARY, None))}
+    declared, branch, sources, ablated = cases[reason]
+    assert place(declared, branch, sources)[0] is reason
+    assert place(declared, branch, sources, [reason]) == ablated
+
+
+def test_rule_declared():
+    _place_case(R.DECLARED)
+
+
+def test_rule_native_branch():
+    _place_case(R.NATIVE_BRANCH)
+
+
+def test_rule_marker():
+    _place_case(R.MARKER)
+
+
+def test_rule_repeat():
+    _place_case(R.REPEAT)
+
+
+def test_rule_learned():
+    _place_case(R.LEARNED)
+
+
+def test_rule_no_boundary():
+    assert place(None, False, (None, None, None)) == (R.NO_BOUNDARY, None)
+    default_rule(R.NO_BOUNDARY)
+
+
+def yes() -> bool:
+    return True
+
+
+def no() -> bool:
+    return False
+
+
+def publish(reason: Reason, args: tuple, ablated: Reason) -> None:
+    """`reason` decides `publish_rule(*args)`; ablated, `ablated` does."""
+    assert publish_rule(*args) is reason
+    with ablating([reason]):
+        assert publish_rule(*args) is ablated
+
+
+EB, NB = Layout.EXTRA_BUFFER, Layout.NO_BUFFER
+
+
+def test_rule_outside():
+    publish(R.OUTSIDE, (None, NB, True, no, no, True, yes), R.CUT)  # NOTE: a cut at no depth
+
+
+def test_rule_keep_unpaid():
+    # NOTE: a learned keep that does not pay; without the rule the cut is made
+    publish(R.KEEP_UNPAID, (64, EB, True, yes, no, True, no), R.KEEP_END)
+
+
+def test_rule_keep_end():
+    publish(R.KEEP_END, (64, EB, True, yes, no, True, yes), R.MOVE)
+
+
+def test_rule_move():
+    # NOTE: without the move, extra_buffer publishes only where it can cut
+    publish(R.MOVE, (64, EB, True, no, no, True, yes), R.CUT)
+
+
+def test_rule_slot_taken():
+    publish(R.SLOT_TAKEN, (64, NB, False, no, no, True, yes), R.CUT)  # NOTE: a second chunk
+
+
+def test_rule_cut_unused():
+    publish(R.CUT_UNUSED, (64, NB, True, no, yes, True, yes), R.CUT)
+
+
+def test_rule_cut_unpaid():
+    publish(R.CUT_UNPAID, (64, NB, True, no, no, True, no), R.CUT)
+
+
+def test_rule_cut():
+    assert publish_rule(64, NB, True, no, no, False, no) is R.CUT  # declared: pays unasked
+    default_rule(R.CUT)
+
+
+# --- VISIT's wait rule: core/cost.py group_wait_wins, core/traversal.py decide, park ---------
+
+VIEW = RoundView(rows=1, behind=1, budget_left=8192, demand_after=0, mean_extend=100.0,
+                 rows_left=60)
+CASE = WaitCase(0, 1984, 2074, 1)  # a 1,984-token gain, 90 tokens after it
+
+
+def verdict(reason: Reason, cost: CostCoeffs, view: RoundView = VIEW) -> None:
+    """`reason` decides the group verdict; ablated, the verdict turns over."""
+    v = group_wait_wins(cost, CASE, view)
+    assert v.reason is reason
+    with ablating([reason]):
+        assert group_wait_wins(cost, CASE, view).wait is not v.wait
+
+
+def test_rule_wait_wins():
+    verdict(R.WAIT_WINS, CostCoeffs(0.002, 1e-5, 0.0))  # NOTE: the gain outweighs a 2 ms round
+
+
+def test_rule_recompute_wins():
+    verdict(R.RECOMPUTE_WINS, CostCoeffs(0.2, 1e-7, 0.0))  # NOTE: a 200 ms round outweighs it
+
+
+def test_rule_tail_guard():
+    # NOTE: the question arrived with the oldest finishing request, and the round it waits
+    # for costs more than the recompute it saves: waiting makes it the tail
+    verdict(R.TAIL_GUARD, CostCoeffs(0.002, 1e-6, 0.0), RoundView(
+        rows=1, behind=1, budget_left=8192, demand_after=0, mean_extend=100.0, rows_left=60,
+        older_by=0.0))
+
+
+def traversal_with_producer(overlap: bool) -> Traversal:
+    from radixflow_sglang.core.producers import Producer
+
+    t = Traversal(TraversalConfig.default(Grid(Layout.EXTRA_BUFFER, G), overlap, cost_aware=True))
+    t.begin_round([], 1 << 30)
+    t.admitted(Producer("P", None, DOC + toks(5000, 100), 0, 2100, 1984, True))
+    return t
+
+
+def cand(rid: str, tokens: list[int]):
+    from radixflow_sglang.core.traversal import Candidate
+
+    return Candidate(rid, None, tokens, 0, len(tokens) - 1)
+
+
+def test_rule_bound_would_cut():
+    """Overlap: the producer publishes 2 rounds on; a consumer with 1 park round left would be
+    released by the bound first."""
+    t = traversal_with_producer(overlap=True)
+    late = cand("A", DOC + toks(6000, 120))
+    for r in range(2):
+        t.waits.park("A", r, "earlier", G)
+    cost = CostCoeffs(0.002, 1e-5, 0.0)
+    assert t.decide(late, t.classify(late), VIEW, cost).reason is R.BOUND_WOULD_CUT
+    with ablating([R.BOUND_WOULD_CUT]):
+        assert t.decide(late, t.classify(late), VIEW, cost).wait
+
+
+def test_rule_bound_spent():
+    t = traversal_with_producer(overlap=False)
+    c = cand("A", DOC + toks(6000, 120))
+    for r in range(t.cfg.max_park_rounds):
+        t.waits.park("A", r, "P", G)
+    assert not t.park(c, t.classify(c))  # NOTE: the runtime's `bound_spent`: native handling
+    with ablating([R.BOUND_SPENT]):
+        assert t.park(c, t.classify(c))  # NOTE: past its bound: a wait without end
+
+
+def test_rule_group_unprobed():
+    """A sibling whose group recomputed unprobed in this scan follows it, whatever its own
+    verdict would be."""
+    t = traversal_with_producer(overlap=False)
+    dear, cheap = CostCoeffs(0.2, 1e-7, 0.0), CostCoeffs(0.002, 1e-5, 0.0)
+    a = cand("A", DOC + toks(6000, 120))
+    assert t.recomputes_unprobed(a, t.blockings(a, t.may_block("A", None, a.tokens)),
+                                 lambda b: VIEW, dear)
+    b = cand("B", DOC + toks(6000, 120))
+    got = t.decide(b, t.classify(b), VIEW, cheap)
+    assert (got.wait, got.reason) == (False, R.GROUP_UNPROBED)
+    t2 = traversal_with_producer(overlap=False)
+    assert t2.recomputes_unprobed(a, t2.blockings(a, t2.may_block("A", None, a.tokens)),
+                                  lambda b: VIEW, dear)
+    with ablating([R.GROUP_UNPROBED]):
+        assert t2.decide(b, t2.classify(b), VIEW, cheap).wait
+
+
+def test_rule_always_wait():
+    t = Traversal(TraversalConfig.default(Grid(Layout.EXTRA_BUFFER, G), False))
+    assert t.decide(cand("A", DOC), None, VIEW, CostCoeffs(0.2, 0.0, 0.0)).reason is R.ALWAYS_WAIT
+    default_rule(R.ALWAYS_WAIT)
+
+
+# --- VISIT and DEFER on SGLang's real scan (the kit) -----------------------------------------
+
+Scenario = Callable[[object], None]
+
+
+def pair(k) -> None:
+    """A producer and one consumer sharing 2,000 tokens, together."""
+    k.submit(k.req("P", DOC + toks(5000, 100)), k.req("A", DOC + toks(6000, 120)))
+
+
+def fork(k) -> None:
+    """A producer, three consumers of its 2,000 tokens and an unrelated request, together."""
+    k.submit(k.req("P", DOC + toks(5000, 100)),
+             *[k.req(f"C{i}", DOC + toks(6000 + 500 * i, 120)) for i in range(3)],
+             k.req("D", toks(20_000, 300)))
+
+
+def long_doc(k) -> None:
+    """A 6,000-token document's producer and three consumers, and four unrelated prompts."""
+    big = toks(1000, 6000)
+    k.submit(k.req("P", big + toks(50_000, 100)),
+             *[k.req(f"C{i}", big + toks(60_000 + 500 * i, 120)) for i in range(3)],
+             *[k.req(f"D{i}", toks(80_000 + 1000 * i, 700)) for i in range(4)])
+
+
+class Ticking:
+    """A clock the test sets (`now`); a hold's sleep moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+
+def run(scenario: Scenario, policy: str = "radixflow", ablate=(), config=None,
+        **cfg) -> tuple[dict, list]:
+    """Decisions by reason (every point) and what the scan did: the prefill schedule (rids,
+    extends, prefixes, the chunk) and its work (probe matches, quiet scans: the host time
+    eval/hostcost.py charges)."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+    from radixflow_sglang.testing.loop import VirtualClock
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    clock = VirtualClock()
+    with ablating(ablate):
+        probed: list[int] = []
+        k = Kit(KitConfig(**cfg), policy=policy, radixflow_config=config, clock=clock,
+                sleep=clock.sleep, on_scan=lambda scan: probed.append(scan.probed))
+        scenario(k)
+        rounds = k.drain()
+        s = k.runtime.summary()
+    counts = {**s["hold_reasons"], **s["reasons"], **s["boundary_reasons"]}
+    work = (k.runtime.totals.quiet_scans, k.runtime.quiet_visits, sum(probed))
+    return counts, [(r.rids, r.extend, r.prefix, r.chunked) for r in rounds] + [work]
+
+
+def decides(reason: Reason, scenario: Scenario, *, fails: bool = False, policy="radixflow",
+            **cfg) -> None:
+    """`reason` decides in `scenario`; ablated, the scan's schedule or work changes (or, for a
+    rule that guards correctness, the run fails)."""
+    counts, schedule = run(scenario, policy, **cfg)
+    assert counts.get(reason.value, 0) > 0, counts
+    if fails:
+        with pytest.raises(Exception):  # noqa: B017 PT011  NOTE: whatever breaks first
+            run(scenario, policy, [reason], **cfg)
+        return
+    assert run(scenario, policy, [reason], **cfg)[1] != schedule
+
+
+def test_rule_held():
+    """timer5: early's deadline passed, late and early2 arrived just now; the scan runs early
+    and skips the fresh ones (tests/test_admission.py's shape). Without the rule they run
+    ahead of their deadline."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    def first_round(ablate=()) -> tuple[list[str], dict]:
+        clock = Ticking()
+        with ablating(ablate):
+            k = Kit(KitConfig(), policy="timer5", clock=lambda: clock.now, sleep=clock.sleep)
+            k.submit(k.req("early", toks(60_000, 400)))
+            assert k.step() is None
+            clock.now = 0.005
+            k.submit(k.req("late", toks(70_000, 400)), k.req("early2", toks(80_000, 100)))
+            k.sched.waiting_queue.sort(key=lambda r: r.rid != "late")
+            rids = k.step().rids
+        return rids, k.runtime.summary()["reasons"]
+
+    rids, counts = first_round()
+    assert rids == ["early"] and counts[R.HELD.value] > 0
+    assert first_round([R.HELD])[0] != rids
+
+
+def test_rule_no_traversal():
+    decides(R.NO_TRAVERSAL, pair, policy="radix", fails=True)
+
+
+def short(k) -> None:
+    """Short unrelated questions on a small model: no wait can win (a quiet scan)."""
+    k.submit(*[k.req(f"q{i}", toks(1000 + 100 * i, 40)) for i in range(4)])
+
+
+def test_rule_quiet_scan():
+    decides(R.QUIET_SCAN, short, model="qwen3.5-0.8b")
+
+
+def test_rule_session():
+    def sessions(k) -> None:
+        pair(k)
+        for r in k.sched.waiting_queue:
+            r.session = SimpleNamespace(streaming=False)  # NOTE: SGLang's Session, in brief
+
+    decides(R.SESSION, sessions)
+
+
+def test_rule_no_producer():
+    decides(R.NO_PRODUCER, pair)
+
+
+def test_rule_no_sharer():
+    decides(R.NO_SHARER, long_doc)
+
+
+def test_rule_not_blocked():
+    decides(R.NOT_BLOCKED, fork, fails=True)
+
+
+def test_rule_recompute_unprobed():
+    def dear_rounds(k) -> None:
+        k.runtime.use_prior(CostCoeffs(0.2, 1e-7, 0.0))  # NOTE: a round outweighs any gain
+        pair(k)
+        k.submit(k.req("D", toks(20_000, 5000)))  # NOTE: the queue overflows: not quiet
+
+    decides(R.RECOMPUTE_UNPROBED, dear_rounds)
+
+
+def test_rule_committed_wait():
+    """Overlap: a consumer of a producer admitted this scan waits 2 rounds; its next visit (the
+    producer in flight) keeps the wait, where a fresh decision on the rest alone recomputes
+    (tests/test_cost.py's shape: that split siblings, 1.36x stock on nemotron-9b race)."""
+    from radixflow_sglang.core.producers import Producer
+    from radixflow_sglang.core.traversal import Candidate
+
+    mid = CostCoeffs(0.1, 1.7e-5, 1.24e-4)
+    deep, short_queue = (RoundView(rows=r, behind=b, budget_left=8192, demand_after=0,
+                                   mean_extend=2000.0, rows_left=63) for r, b in ((1, 40), (0, 1)))
+    t = Traversal(TraversalConfig.default(Grid(Layout.EXTRA_BUFFER, G), True, cost_aware=True))
+    doc = list(range(5000))
+    t.begin_round([], 1 << 30)
+    t.admitted(Producer("p", "ns", doc, 0, 5000, 4096, False))
+    c = Candidate("c", "ns", doc[:4200] + [7] * 50, 0, 4249)
+    b = t.classify(c)
+    assert t.decide(c, b, deep, mid).wait and t.park(c, b)
+    t.begin_round([t.index.get("p")], 0)  # NOTE: the producer is in flight now
+    assert t.decide(c, t.classify(c), short_queue, mid).reason is R.COMMITTED_WAIT
+    with ablating([R.COMMITTED_WAIT]):
+        assert not t.decide(c, t.classify(c), short_queue, mid).wait
+
+
+def test_rule_newcomer():
+    decides(R.NEWCOMER, long_doc)
+
+
+def test_rule_no_cut():
+    """Chunked prefill off (SGLang's chunked_prefill_size None): nothing is ever cut, so no
+    chunk rule may ask for a cut; without the rule the fit check meets no budget."""
+    def unchunked(k) -> None:
+        k.sched.chunked_prefill_size = None
+        fork(k)
+
+    decides(R.NO_CUT, unchunked, fails=True)
+
+
+def test_rule_boundary_slot():
+    def burst(k) -> None:
+        import random
+
+        k.runtime.use_prior(CostCoeffs(1e-3, 1e-4, 0.0))  # NOTE: tokens dear: a cut pays
+        rng = random.Random(0)
+        system = 4 * G + 10
+        for g in range(3):
+            prompt = [rng.randrange(100, 200_000) for _ in range(system)]
+            k.submit(*[k.req(f"g{g}r{i}", prompt + [rng.randrange(100, 200_000)
+                                                    for _ in range(G + 3)], boundary=system)
+                       for i in range(2)])
+
+    decides(R.BOUNDARY_SLOT, burst, layout="no_buffer")
+
+
+def test_rule_fits():
+    decides(R.FITS, long_doc, fails=True, policy="radixflow-frag", tokens=1024)
+
+
+def test_rule_fork_slot():
+    decides(R.FORK_SLOT, long_doc, layout="no_buffer", tokens=1024)
+
+
+def test_rule_native_cut():
+    decides(R.NATIVE_CUT, fork, tokens=1024)
+
+
+def test_rule_frag_cap():
+    from radixflow_sglang.config import RadixFlowConfig
+
+    def fragment_twice(k) -> None:
+        """b would be cut to a 40-token fragment twice; its second time the cap (1) is spent
+        (tests/test_admission.py's shape)."""
+        k.submit(k.req("a", toks(10_000, 2000)), k.req("b", toks(20_000, 300)))
+        k.step()
+        k.submit(k.req("x", toks(40_000, 2000)))
+        k.sched.waiting_queue.sort(key=lambda r: r.rid != "x")
+
+    decides(R.FRAG_CAP, fragment_twice, policy="radixflow-frag", tokens=2040,
+            config=RadixFlowConfig(policy="radixflow-frag", frag_cap=1))
+
+
+def test_rule_fragment():
+    decides(R.FRAGMENT, long_doc, policy="radixflow-frag", tokens=1024)
