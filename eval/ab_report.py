@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ ARMS = ("stock", "radixflow")  # the A and B of every workload (fork: their fork
 METRICS = (("mean_e2e_ms", "mean e2e (ms)"), ("p99_e2e_ms", "p99 e2e (ms)"),
            ("mean_ttft_ms", "mean TTFT (ms)"), ("prefill_tokens", "prefill tokens"),
            ("prefill_batches", "prefill batches"))
-BUSY_FRACTION = 0.5  # 1-min load above this x CPUs before a run: the box is busy
+BUSY_FRACTION = 0.5  # CPUs busier than this share before a run (no sample: 1-min load / CPUs)
 BOOTSTRAP = 2000
 SEED = 0
 
@@ -43,20 +44,53 @@ class Load:
     load5: float
     load15: float
     cpus: int
+    cpu_busy: float | None = None  # share of all CPUs' time not idle over a short sample
 
     def busy(self, fraction: float = BUSY_FRACTION) -> bool:
+        # NOTE: the 1-min load lags: right after this harness's previous server it still
+        # counts that server (a quiet 2-core box read 1.18 after one run). The sampled busy
+        # share, where taken, is the box now.
+        if self.cpu_busy is not None:
+            return self.cpu_busy > fraction
         return self.load1 > fraction * self.cpus
 
 
-def host_load() -> Load:
+def cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(idle, total) jiffies of all CPUs (Linux /proc/stat's `cpu` line); None elsewhere."""
+    try:
+        with open(path) as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])  # idle + iowait
+
+
+def busy_share(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float | None:
+    """The share of CPU time not idle between two `cpu_times` readings."""
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return 1.0 - (b[0] - a[0]) / (b[1] - a[1])
+
+
+def host_load(sample_s: float = 0.0) -> Load:
+    """The load now; `sample_s` > 0 also samples the CPUs' busy share over that long."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return Load(*os.getloadavg(), cpus or 1)
+    share = None
+    if sample_s > 0:
+        a = cpu_times()
+        time.sleep(sample_s)  # NOTE: a measurement window, not a wait for an event
+        share = busy_share(a, cpu_times())
+    return Load(*os.getloadavg(), cpus or 1, share)
 
 
 def load_warning(load: Load, what: str, fraction: float = BUSY_FRACTION) -> str | None:
     """A warning line when the box is busy before a run (its figures are unreliable)."""
     if not load.busy(fraction):
         return None
+    if load.cpu_busy is not None:
+        return (f"warning: busy machine before {what}: CPUs {load.cpu_busy:.0%} busy > "
+                f"{fraction:.0%} (1-min load {load.load1:.2f}, {load.cpus} CPUs); its "
+                "latencies are unreliable")
     return (f"warning: busy machine before {what}: 1-min load {load.load1:.2f} > "
             f"{fraction:g} x {load.cpus} CPUs; its latencies are unreliable")
 

@@ -25,9 +25,10 @@ Workloads:
 * `fork`: the same paper workload as SGLang frontend `s.fork(4)` programs (arms stock-fork and
   radixflow-fork; no twin: the server re-tokenizes the frontend's text).
 
-Per run it records the host's load (os.getloadavg and the CPUs before and after); a 1-min load
-above --busy-fraction x CPUs before a run prints a warning on stderr and in report.md: the box
-is busy and that run's latencies are unreliable.
+Per run it records the host's load (os.getloadavg and the CPUs before and after, and the CPUs'
+busy share sampled over 2 s before it: the 1-min load still counts the previous run's server);
+a busy share above --busy-fraction before a run prints a warning on stderr and in report.md:
+the box is busy and that run's latencies are unreliable.
 
 The twin (`--twin`, default on), after every live run: each workload's stock and radixflow
 replayed through eval/twin.py (the workload's own requests: the same gsp shape and rate, the
@@ -72,6 +73,7 @@ PAPER_FLAGS = ("paper_workload", "questions", "regime", "order", "paper_rate")
 
 
 workloads = cli.comma_choices(WORKLOADS)  # `--workloads`
+LOAD_SAMPLE_S = 2.0  # the CPUs' busy share is sampled this long before each run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--twin", action=argparse.BooleanOptionalAction, default=True,
                    help="the twin's predicted ratios next to the live ones (default on)")
     p.add_argument("--busy-fraction", type=cli.positive(float), default=ab_report.BUSY_FRACTION,
-                   help="warn when the 1-min load exceeds this x CPUs before a run "
+                   help="warn when the CPUs are busier than this share before a run "
                         "(default: %(default)s)")
     p.add_argument("--bootstrap", type=cli.positive(int), default=ab_report.BOOTSTRAP,
                    help="bootstrap resamples (default: %(default)s)")
@@ -333,7 +335,8 @@ def run_workload(w: Workload, args: argparse.Namespace, common: list[str],
                  warnings: list[str]) -> list[RunRecord]:
     runs = []
     for pos, (k, arm) in enumerate(ab_report.abba(args.repeat)):
-        rec = RunRecord(w.name, arm, k, pos, load_before=ab_report.host_load())
+        # NOTE: sampled after the previous run's server is gone: the box as this run finds it
+        rec = RunRecord(w.name, arm, k, pos, load_before=ab_report.host_load(LOAD_SAMPLE_S))
         rec.warning = ab_report.load_warning(rec.load_before, f"{w.name} #{pos} ({arm}, "
                                              f"repetition {k})", args.busy_fraction)
         if rec.warning:

@@ -64,7 +64,26 @@ def test_load_warning_only_when_the_box_is_busy():
     assert "1.50 > 0.5 x 2 CPUs" in w
     assert ab_report.load_warning(BUSY, "x", fraction=1.0) is None
     now = ab_report.host_load()
-    assert now.cpus >= 1 and now.load1 >= 0
+    assert now.cpus >= 1 and now.load1 >= 0 and now.cpu_busy is None
+
+
+def test_the_sampled_busy_share_decides_over_the_lagging_load():
+    """Right after the harness's own server the 1-min load still counts it; the share of CPU
+    time not idle between two /proc/stat readings is the box now."""
+    assert ab_report.busy_share((100, 1000), (190, 1100)) == pytest.approx(0.1)
+    assert ab_report.busy_share(None, (1, 2)) is None
+    assert ab_report.busy_share((5, 10), (5, 10)) is None  # NOTE: no time passed
+    lagging = Load(1.18, 0.6, 0.3, 2, cpu_busy=0.04)  # NOTE: a quiet box after a run
+    assert ab_report.load_warning(lagging, "gsp-burst #1") is None
+    w = ab_report.load_warning(Load(0.2, 0.2, 0.2, 2, cpu_busy=0.9), "gsp-burst #2")
+    assert "CPUs 90% busy > 50%" in w
+
+
+def test_cpu_times_reads_procs_cpu_line(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 2 30 400 5 0 1 0 0 0\ncpu0 5 1 15 200 2 0 0 0 0 0\n")
+    assert ab_report.cpu_times(str(stat)) == (405, 448)
+    assert ab_report.cpu_times(str(tmp_path / "none")) is None
 
 
 def test_summary_medians_ratios_and_twin_gap():
