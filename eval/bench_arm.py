@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from eval.traffic import GspShape
@@ -315,12 +316,6 @@ def repeat_entry(r: BenchRun) -> dict[str, Any]:
                                    for part, k in REPEAT_FIELDS}}
 
 
-def _median(xs: Sequence[float]) -> float:
-    xs = sorted(xs)
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
-
-
 def summary(runs: Sequence[BenchRun], shape: BenchShape) -> dict[str, Any]:
     """summary.json's "bench": {bench: {policy: {...}}} with ratios vs the stock policy (the
     first alternation's). With --bench-repeat > 1 every policy also lists its "repeats" and a
@@ -365,7 +360,7 @@ def _add_repeats(out: dict[str, Any], runs: Sequence[BenchRun]) -> None:
             entry["vs_stock_repeats"] = pairs
             keys = pairs[0].keys() if pairs else ()
             entry["vs_stock_median"] = {
-                k: _median(vs) if (vs := [p[k] for p in pairs if p[k] is not None]) else None
+                k: median(vs) if (vs := [p[k] for p in pairs if p[k] is not None]) else None
                 for k in keys}
 
 

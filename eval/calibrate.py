@@ -115,6 +115,11 @@ def calibrate(trace: str | Path | Sequence[Event], *, overlap: bool = False
     return cost, len(recs), launched
 
 
+def negative(cost: CostModel) -> list[str]:
+    """The fitted terms below 0: the usable rounds do not pin the model down."""
+    return [k for k in ("alpha", "beta", "gamma") if getattr(cost, k) < 0]
+
+
 def _check_identifiable(recs: Sequence[Mapping[str, Any]], cost: CostModel) -> None:
     """Constant rows (or tokens) make the least-squares problem rank-deficient: lstsq then
     splits the intercept arbitrarily between the collinear columns. Refuse, saying what the
@@ -143,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"eval/calibrate.py: error: {e}", file=sys.stderr)
         return 1
-    negative = [k for k in ("alpha", "beta", "gamma") if getattr(cost, k) < 0]
-    if negative:
-        print(f"eval/calibrate.py: warning: negative {', '.join(negative)}: the usable rounds "
+    below = negative(cost)
+    if below:
+        print(f"eval/calibrate.py: warning: negative {', '.join(below)}: the usable rounds "
               "do not pin the model down (too few, too noisy or too alike)", file=sys.stderr)
     if args.json:
         print(json.dumps(cost.as_dict() | {"rounds_used": used, "rounds": total}))

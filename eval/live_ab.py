@@ -371,16 +371,15 @@ def calibrated_cost(trace: Path, overlap: bool, default):
     """eval/calibrate.py's fit of the live radixflow run's trace, its decode step charged the
     fitted alpha (a decode iteration pays the loop's host work too) and the simulated
     forward's per-row term; (None, reason) where the trace does not pin it down."""
-    from eval.calibrate import calibrate
+    from eval.calibrate import calibrate, negative
 
     try:
         cost, used, total = calibrate(trace, overlap=overlap)
     except (OSError, ValueError, KeyError) as e:
         return None, f"not calibrated ({e}); see eval/calibrate.py"
-    negative = [k for k in ("alpha", "beta", "gamma") if getattr(cost, k) < 0]
-    if negative:
+    if below := negative(cost):
         return None, (f"not calibrated: the fit of {trace} has negative "
-                      f"{', '.join(negative)} ({used} of {total} rounds usable)")
+                      f"{', '.join(below)} ({used} of {total} rounds usable)")
     cost = replace(cost, dec_alpha=cost.alpha, dec_gamma=default.dec_gamma,
                    dec_kv=default.dec_kv, source=f"calibrate:{trace}")
     return cost, (f"eval/calibrate.py on {trace} ({used} of {total} rounds usable): alpha "

@@ -93,9 +93,7 @@ class RadixFlowRuntime:
         self.clock = clock
         tcfg = TraversalConfig.default(grid, overlap, cfg.park_margin, cfg.theta,
                                        self.spec.cost_aware)
-        ms = cfg.round_overhead_ms
-        self._wall = None if ms is None else ms / 1e3  # NOTE: pinned; None: measured
-        self.cost = RoundCostEstimator(prior or GENERIC_PRIOR, wall=self._wall)
+        self.cost = self._estimator(prior or GENERIC_PRIOR)
         # NOTE: a server's loop feeds its launches (adapter/scheduler.py); the kit feeds none
         self.periods = LaunchPeriods()
         self.share_forward = local_share  # NOTE: a server broadcasts rank 0's values
@@ -478,9 +476,15 @@ class RadixFlowRuntime:
 
     def use_prior(self, prior) -> None:
         """Restart the round-cost fit from `prior` (anything with alpha/beta/gamma[/delta])."""
-        self.cost = RoundCostEstimator(CostCoeffs(
+        self.cost = self._estimator(CostCoeffs(
             prior.alpha, prior.beta, prior.gamma, getattr(prior, "delta", 0.0),
-            getattr(prior, "source", "custom")), wall=self._wall)
+            getattr(prior, "source", "custom")))
+
+    def _estimator(self, prior: CostCoeffs) -> RoundCostEstimator:
+        """A round-cost fit from `prior`, its wall overhead pinned by
+        --radixflow-round-overhead-ms (None: measured)."""
+        ms = self.cfg.round_overhead_ms
+        return RoundCostEstimator(prior, wall=None if ms is None else ms / 1e3)
 
     def observe_forward(self, rows: int, tokens: int, seconds: float,
                         host: float | None = None,

@@ -243,10 +243,6 @@ def enabled(reason: Reason) -> bool:
     return reason not in _ablated
 
 
-def ablated() -> frozenset[Reason]:
-    return _ablated
-
-
 @contextmanager
 def ablating(names: str | Iterable[str | Reason]) -> Iterator[frozenset[Reason]]:
     """Disable the named rules for the block (in-process eval arms and tests)."""
