@@ -415,9 +415,7 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
         arm.metrics["server_start_attempts"] = srv.start_attempts
         if witness is not None:
             arm.metrics["witness"] = witness
-            if witness["mismatched"]:
-                raise ServerError(f"witness: {witness['mismatched']} requests handed a wrong "
-                                  f"state: {witness['first_mismatches'][:3]}")
+            check_witness(witness)
     except Exception as e:  # noqa: BLE001 - the arm fails with its error, never filled in
         arm.error_detail = f"{type(e).__name__}: {e}"
         arm.error = one_line(arm.error_detail)  # NOTE: it goes in tables
@@ -437,6 +435,13 @@ def served_witness(info: dict) -> dict | None:
                                                  "resumed", "states_checked")}
     out["first_mismatches"] = [m for s in states for m in s["first_mismatches"]]
     return out
+
+
+def check_witness(witness: dict | None) -> None:
+    """A ServerError when the server's witness saw a request handed a wrong state."""
+    if witness is not None and witness["mismatched"]:
+        raise ServerError(f"witness: {witness['mismatched']} requests handed a wrong state: "
+                          f"{witness['first_mismatches'][:3]}")
 
 
 def one_line(text: str, head: int = 400, tail: int = 2600) -> str:
@@ -489,6 +494,9 @@ def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Nam
                     server["scheduler_cpu_s"] = bench_arm.scheduler_cpu_s(srv.proc.pid) - cpu0
                     server["server_start_attempts"] = srv.start_attempts
                     srv.idle_leak_check()
+                    # NOTE: every output checked against its state, as the client arms do
+                    server["witness"] = served_witness(http_json(srv.base + "/server_info"))
+                    check_witness(server["witness"])
                 finally:
                     run.wall_s = time.perf_counter() - t0
                 run.result, run.server = result, server

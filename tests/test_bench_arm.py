@@ -280,6 +280,8 @@ def test_bench_serving_against_stock_and_radixflow(tmp_path):
                 == b["total_input_tokens"], (name, policy, srv)
             assert b["client_cached_tokens"] == srv["cached_tokens_sglang_log"]
             assert math.isfinite(b["mean_e2e_latency_ms"]) and b["mean_ttft_ms"] > 0
+            w = srv["witness"]  # NOTE: cumulative over the server's runs, warm-up included
+            assert w["mismatched"] == 0 and w["verified"] >= b["completed"], w
             if policy == "radixflow":  # the trace agrees with SGLang's own log
                 assert srv["scheduled_tokens_trace"] == srv["scheduled_tokens_sglang_log"]
                 assert srv["rounds_trace"] == srv["rounds_sglang_log"]
