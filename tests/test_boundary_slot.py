@@ -194,3 +194,85 @@ def test_learned_siblings_arriving_together_lose_at_most_one_per_group(mode):
     else:
         assert zero_hit_followers(res) <= 5 + 1  # the first group teaches it (support 2)
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+# --- the slot deferral without a match (a live burst's host time) ----------------------------
+
+
+def _burst_schedule(fast: bool, monkeypatch) -> tuple[list, int, dict, int]:
+    """The declared burst of `test_burst_firsts_each_publish_their_boundary_in_turn`: its
+    rounds, SGLang matches made, decisions by reason and the deferrals."""
+    from sglang.srt.managers.schedule_batch import Req
+
+    from radixflow_sglang.adapter.boundary import BoundaryPublisher
+
+    G = grid_of()
+    matches = []
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(BoundaryPublisher, "still_deferred", lambda *a, **k: False)
+        match = Req.init_next_round_input
+        m.setattr(Req, "init_next_round_input",
+                  lambda self, *a, **k: (matches.append(self.rid), match(self, *a, **k))[1])
+        kit = kit_for("declared")
+        burst_then_siblings(kit, 6, 3, SYSTEM_UNITS * G + 10, G + 3)
+    rounds = [(r.chunked, sorted(r.extend.items()), sorted(r.prefix.items()))
+              for r in kit.rounds]
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+    return rounds, len(matches), kit.runtime.reason_counts(), kit.runtime.boundary.deferred
+
+
+def test_a_request_still_waiting_for_the_slot_is_deferred_again_without_a_match(monkeypatch):
+    """A first deferred for the slot last scan, with nothing published on its path since, is
+    deferred again before SGLang's match (`BoundaryPublisher.still_deferred`): the same rounds,
+    the same decisions by reason, fewer matches (each a tree walk and a copy-on-write)."""
+    full = _burst_schedule(False, monkeypatch)
+    fast = _burst_schedule(True, monkeypatch)
+    assert fast[0] == full[0] and fast[2] == full[2] and fast[3] == full[3] == 5 + 4 + 3 + 2
+    # NOTE: each first's deferrals after its first one are made without a match
+    assert full[1] - fast[1] == full[3] - 5
+
+
+def test_a_state_published_on_its_path_or_a_sibling_run_asks_the_full_rule_again():
+    """The remembered verdict stands only while what it read stands: an extend of a later
+    scan that shares the request's prefix past its ready prefix (a state on its path, or a
+    sibling that ran: its users changed) sends it back to SGLang's match and the full rule;
+    so does a scan with the slot free, or a verdict more than STALE scans old."""
+    from types import SimpleNamespace
+
+    from radixflow_sglang.adapter.boundary import STALE
+    from radixflow_sglang.adapter.reqs import namespace, req_tokens
+
+    G = grid_of()
+    system = SYSTEM_UNITS * G + 10
+    rng = random.Random(3)
+    kit = kit_for("declared")
+    prompts = [_ids(rng, system) for _ in range(3)]
+    firsts = [kit.req(f"g{g}r0", prompts[g] + _ids(rng, G + 3), boundary=system)
+              for g in range(3)]
+    kit.submit(*firsts)
+    kit.step()  # NOTE: g0r0 cut at its boundary; g1r0 and g2r0 wait for the slot
+    b = kit.runtime.boundary
+    assert b.deferred == 2
+    taken = SimpleNamespace(new_chunked_req=firsts[0], can_run_list=[firsts[0]])  # NOTE: read
+    x = firsts[2]
+
+    def again() -> bool:
+        return b.still_deferred(x, req_tokens(x), namespace(x), taken, True, 0)
+
+    b.begin_scan(kit.sched.waiting_queue)
+    b.end_scan([firsts[0]])  # NOTE: another group's extend: not on its path
+    b.begin_scan(kit.sched.waiting_queue)
+    assert not b.still_deferred(x, req_tokens(x), namespace(x), SimpleNamespace(
+        new_chunked_req=None, can_run_list=[]), True, 0)  # the slot is free: the full rule
+    assert not b.still_deferred(x, req_tokens(x), namespace(x), taken, False, 0)
+    assert again() and b.deferred == 3
+    sibling = kit.req("g2r1", prompts[2] + _ids(rng, G + 3))
+    sibling.extend_end = len(req_tokens(sibling))  # NOTE: as a scan that ran it leaves it
+    b.end_scan([sibling])
+    b.begin_scan(kit.sched.waiting_queue)
+    assert not again()  # a sibling ran: its users changed
+    for _ in range(STALE + 1):
+        b.begin_scan(kit.sched.waiting_queue)
+    y = firsts[1]
+    assert not b.still_deferred(y, req_tokens(y), namespace(y), taken, True, 0)  # too old

@@ -27,7 +27,8 @@ The state is SGLang's own tracked state and SGLang's match decides every later r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 FIELD = "radixflow_boundary"
 KEYS = 16_384  # boundary publications remembered (a group already served)
 MAX_DEFER = 16  # rounds a request may be deferred for the chunk slot (bounds its latency)
+STALE = 2  # scans a slot deferral is remembered without a match (`still_deferred`)
 PARAMS_PATH = "sampling_params.custom_params"
 FIELD_PATH = f"{PARAMS_PATH}.{FIELD}"
 
@@ -167,6 +169,12 @@ class BoundaryPublisher:
         self._serving: set[tuple] = set()  # keys published at their boundary this scan
         self._hashes: dict[tuple[str, int], tuple] = {}  # (rid, depth) -> key, across scans
         self._defers: dict[str, int] = {}  # rid -> rounds deferred
+        # NOTE: rid -> (scan, ready prefix, cut depth, key, users) of its last slot deferral
+        self._slot_waits: dict[str, tuple[int, int, int, tuple, float]] = {}
+        self._scans = 0
+        # NOTE: (scan, [(namespace, tokens, extend end)]) of the last scans' extends: no_buffer
+        # publishes each one's state at its end
+        self._extends: deque[tuple[int, list[tuple]]] = deque(maxlen=STALE)
         self._done: dict[tuple, None] = {}  # keys published at a boundary (bounded, ordered)
         self.usage = UsageRate()  # how often a boundary state was reused (future users)
         # NOTE: per learned PLACE source, how often a later request shared a placed prefix to
@@ -180,6 +188,7 @@ class BoundaryPublisher:
         return self.declared or self.learned
 
     def begin_scan(self, queue=()) -> None:
+        self._scans += 1
         self.cut = None
         self.decided: Placement | None = None
         self._queue = list(queue)
@@ -192,6 +201,7 @@ class BoundaryPublisher:
             live = self._queue_rids
             self._hashes = {k: v for k, v in self._hashes.items() if k[0] in live}
             self._defers = {k: v for k, v in self._defers.items() if k in live}
+            self._slot_waits = {k: v for k, v in self._slot_waits.items() if k in live}
 
     def admitted(self, req: Req, tokens, ns, adder: PrefillAdder, cut_ok: bool,
                  tree=None) -> int | None:
@@ -460,13 +470,60 @@ class BoundaryPublisher:
         if key in self._serving:
             return False  # NOTE: a sibling publishes there this round: traversal's case
         users = self._users(req, tokens, ns, depth, key, adder, source)
-        c = self.cost() if self.cost is not None else None
-        picked = sum(1 for r in adder.can_run_list if r.rid in self._queue_rids)
-        behind = max(len(self._queue) - picked - 1, 0) + running
-        if c is None or not defer_wins(c, depth - prefix, len(tokens) - depth, behind, users):
+        if not self._defer_wins(tokens, prefix, depth, users, adder, running):
             return False
         self._defers[req.rid] = self._defers.get(req.rid, 0) + 1
         self.deferred += 1
+        self._slot_waits[req.rid] = (self._scans, prefix, depth, key, users)
+        return True
+
+    def _defer_wins(self, tokens, prefix: int, depth: int, users: float, adder: PrefillAdder,
+                    running: int) -> bool:
+        """core/boundary.py `defer_wins`; behind the request: the unselected queue and the
+        `running` requests."""
+        c = self.cost() if self.cost is not None else None
+        picked = sum(1 for r in adder.can_run_list if r.rid in self._queue_rids)
+        behind = max(len(self._queue) - picked - 1, 0) + running
+        return c is not None and defer_wins(c, depth - prefix, len(tokens) - depth, behind, users)
+
+    def end_scan(self, run: Sequence[Req]) -> None:
+        """The scan's extends (no_buffer: each publishes its state at its end), for
+        `still_deferred`."""
+        if self.grid.layout is Layout.NO_BUFFER and self.active:
+            self._extends.append((self._scans, [(namespace(r), req_tokens(r), r.extend_end)
+                                                for r in run]))
+
+    def still_deferred(self, req: Req, tokens, ns, adder: PrefillAdder, slot_next: bool,
+                       running: int, cap: int = MAX_DEFER) -> bool:
+        """`defer`'s verdict of a recent scan, again, before SGLang's match (docs/design.md,
+        "The chunk slot"): the slot is taken again and no state was published on `req`'s path
+        since (its boundary's key, or an extend of a scan since: `end_scan`), so its ready
+        prefix, its cut and its users are what that scan found, and no sibling ran since; the
+        queue behind it and the round's cost are read again (`_defer_wins`). A live burst
+        visits every group waiting for the slot every round (~50 deferrals a round, a match
+        and a copy-on-write each: ~0.3 ms of host time per visit). NOTE: a request that
+        finished since published its output's end too; only a later turn extends that, and
+        it arrives after it."""
+        w = self._slot_waits.get(req.rid)
+        if (w is None or w[0] < self._scans - STALE or not slot_next
+                or adder.new_chunked_req is None or self.grid.layout is not Layout.NO_BUFFER):
+            return False
+        since, prefix, depth, key, users = w
+        n = self._defers.get(req.rid, 0)
+        if key in self._serving or key in self._done or n >= cap:
+            return False
+        for scan, extends in self._extends:
+            if scan < since:
+                continue
+            for s, t, end in extends:
+                d = min(end, depth)
+                if s == ns and d > prefix and tokens[:16] == t[:16] and tokens[:d] == t[:d]:
+                    return False  # NOTE: a state on its path, or a sibling ran: the full rule
+        if not self._defer_wins(tokens, prefix, depth, users, adder, running):
+            return False
+        self._defers[req.rid] = n + 1
+        self.deferred += 1
+        self._slot_waits[req.rid] = (self._scans, prefix, depth, key, users)
         return True
 
     def _users(self, req: Req, tokens, ns, depth: int, key: tuple, adder,

@@ -72,6 +72,11 @@ def cache_grid(sched: Scheduler) -> Grid:
     return Grid(layout, mamba_checkpoint_grid(cache.page_size), cache.page_size)
 
 
+# NOTE: VISIT reasons for a request no live producer shares a prefix with (`_still_deferred`)
+UNSHARED = frozenset({Reason.NO_TRAVERSAL, Reason.QUIET_SCAN, Reason.NO_PRODUCER,
+                      Reason.NO_SHARER})
+
+
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None  # NOTE: JSON has no NaN
 
@@ -245,7 +250,23 @@ class RadixFlowRuntime:
             self._emit({"event": "parked", "round": self.round, "rid": req.rid,
                         "producer": b.producer, "depth": b.depth, "ready": b.ready,
                         "fork": b.fork, "reason": why})
+        if action is Action.NATIVE and why in UNSHARED and self._still_deferred(sched, req, adder):
+            # NOTE: the DEFER point decides before SGLang's match, as it did last scan
+            self._decided("defer", req.rid, Action.DEFER, Reason.BOUNDARY_SLOT)
+            release_parked(sched, req)
+            return True
         return action is not Action.NATIVE
+
+    def _still_deferred(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        """no_buffer: `req` waited for the chunk slot last scan and nothing it could reuse
+        changed since (adapter/boundary.py `BoundaryPublisher.still_deferred`): defer it without
+        the match and the DEFER rules before it (`no_cut`'s conditions checked here)."""
+        if (not enabled(Reason.BOUNDARY_SLOT) or not self.boundary.active
+                or adder.rem_chunk_tokens is None or not adder.can_run_list
+                or getattr(req, "session", None) is not None):
+            return False
+        return self.boundary.still_deferred(req, req_tokens(req), namespace(req), adder,
+                                            sched.chunked_req is None, running(sched))
 
     def _visit(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
         """The VISIT rules, in the rulebook's order; the first that fires decides (an ablated
@@ -447,6 +468,7 @@ class RadixFlowRuntime:
         if self.admission is not None:
             s.released_by_admission = self.admission.take_release_reason()
             self.admission.count_overtakes(sched, run)
+        self.boundary.end_scan(run)
         s.t_end = self.clock()
         s.held += self.held_iterations - self._held_since_round
         self._held_since_round = self.held_iterations
