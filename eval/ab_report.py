@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ARMS = ("stock", "radixflow")  # the A and B of every workload (fork: their fork arms)
+TWINS = ("default", "scans", "calibrated")  # the twin's predictions (eval/live_ab.py)
 # (key, label): what each run reports; None where the workload has no such figure
 METRICS = (("mean_e2e_ms", "mean e2e (ms)"), ("p99_e2e_ms", "p99 e2e (ms)"),
            ("mean_ttft_ms", "mean TTFT (ms)"), ("prefill_tokens", "prefill tokens"),
@@ -223,7 +224,7 @@ def _ratio_cell(v: Mapping[str, Any]) -> str:
 def workload_table(entry: Mapping[str, Any]) -> list[str]:
     """One workload's headline table: arm medians, live ratio with its interval, the twin."""
     twins = entry.get("twin") or {}
-    names = [n for n in ("default", "calibrated") if twins.get(n, {}).get("ratios")]
+    names = [n for n in TWINS if twins.get(n, {}).get("ratios")]
     head = ["metric", "stock median", "radixflow median", "radixflow/stock [95% CI]", "pairs"]
     head += [f"twin ({n})" for n in names] + [f"\\|twin ({n}) - live\\|" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -305,7 +306,7 @@ def plot_workload(name: str, entry: Mapping[str, Any], path: Path) -> bool:
         lo, hi = v["ci95"]
         ax.errorbar([i], [v["ratio"]], yerr=[[v["ratio"] - lo], [hi - v["ratio"]]], fmt="o",
                     color="black", capsize=4, zorder=3, label="median [95% CI]" if i == 0 else None)
-    for n, (mark, color) in {"default": ("x", "tab:blue"),
+    for n, (mark, color) in {"default": ("x", "tab:blue"), "scans": ("s", "tab:green"),
                              "calibrated": ("D", "tab:orange")}.items():
         t = ((entry.get("twin") or {}).get(n) or {}).get("ratios") or {}
         pts = [(i, t[k]) for i, (k, _) in enumerate(keys) if t.get(k) is not None]

@@ -34,11 +34,14 @@ The twin (`--twin`, default on), after every live run: each workload's stock and
 replayed through eval/twin.py (the workload's own requests: the same gsp shape and rate, the
 trace's blocks, bench_serving's mooncake prompts re-built by eval/mooncake.py bench_segments),
 with two cost models: `default` (the simulated executor's, or on a GPU the model's first-
-principles one; free scans) and `calibrated` (eval/calibrate.py fitted on the first radixflow
-run's trace: alpha then holds the live round's whole wall cost, host work included; a decode
-step is charged the same alpha; skipped, with the reason, where the trace does not pin the
-model down). Server flags pass through (--server-args, --overlap), so no_buffer vs
-extra_buffer is two invocations.
+principles one; free scans), `scans` (the same, each scan charged the CPU time it took here:
+the traversal's visits cost the live server what they cost the twin's kit) and `calibrated`
+(eval/calibrate.py fitted on the first radixflow run's trace: alpha then holds the live
+round's whole wall cost, host work included; a decode step is charged the same alpha;
+skipped, with the reason, where the trace does not pin the model down). A bench_serving
+workload's twin declares no boundary (bench_serving sends none: the server learns them).
+Server flags pass through (--server-args, --overlap), so no_buffer vs extra_buffer is two
+invocations.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from typing import Any
 
 from eval import ab_report, bench_arm, cli, run_arms
 from eval.ab_report import ARMS, RunRecord
+from eval.hostcost import host_model
 from eval.replay import PAPER_WORKLOADS, add_trace_args
 from radixflow_sglang import models
 from radixflow_sglang.testing.server import START_ATTEMPTS, free_port
@@ -209,12 +213,14 @@ def gsp_shape(args: argparse.Namespace, rate: float) -> bench_arm.BenchShape:
 
 
 def gsp_twin(args: argparse.Namespace, shape: bench_arm.BenchShape) -> Callable[[], Any]:
-    """The twin's gsp: the same shape and rate (its own prompts and Poisson draws)."""
+    """The twin's gsp: the same shape and rate (its own prompts and Poisson draws), with no
+    declared boundary: bench_serving sends none, so the live server learns them."""
+    from eval.requests import undeclared
     from eval.workload import workload
 
     keys = ("groups", "prompts_per_group", "system_len", "question_len", "output_len")
-    return lambda: workload("gsp", args.model, rate=shape.rate, seed=args.seed,
-                            **{k: getattr(shape, k) for k in keys})
+    return lambda: undeclared(workload("gsp", args.model, rate=shape.rate, seed=args.seed,
+                                       **{k: getattr(shape, k) for k in keys}))
 
 
 def make_workload(name: str, args: argparse.Namespace) -> Workload:
@@ -388,17 +394,23 @@ def calibrated_cost(trace: Path, overlap: bool, default):
                   f"{cost.dec_gamma * 1e3:.3f} ms/row")
 
 
-def twin_pair(segments, args: argparse.Namespace, cost, layout: str) -> dict[str, Any]:
-    """The twin's stock and radixflow on the same requests, their ratios."""
+def twin_pair(segments, args: argparse.Namespace, cost, layout: str,
+              host=None) -> dict[str, Any]:
+    """The twin's stock and radixflow on the same requests, their ratios (`host`: scans
+    charged, eval/hostcost.py)."""
     preds = {a: run_arms.twin_prediction(run_arms.ArmSpec(a, a), segments, args.model,
-                                         args.overlap, args.seed, cost, layout) for a in ARMS}
+                                         args.overlap, args.seed, cost, layout, host)
+             for a in ARMS}
     return {"ratios": ab_report.twin_ratios(preds[ARMS[0]], preds[ARMS[1]]),
             "arms": preds, "layout": layout, "cost_model": cost.as_dict()}
 
 
 def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespace,
                   gpu: bool) -> dict[str, Any]:
-    """{"default": ..., "calibrated": ...}: the twin's ratios with each cost model."""
+    """{"default": ..., "scans": ..., "calibrated": ...}: the twin's ratios with the default
+    cost model (free scans; `scans`: each scan charged its CPU time measured here, as the
+    live server's scans take theirs) and with one fitted to the live trace (whose measured
+    periods hold the scans already)."""
     if w.twin_segments is None:
         return {}
     ref = next((r for r in runs if r.ok and r.arm == ARMS[1]), None)
@@ -410,6 +422,9 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
     default = run_arms.twin_cost(args.model, gpu)
     out = {"default": twin_pair(segs, args, default, layout)}
     out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}"
+    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"))
+    out["scans"]["note"] = (f"{default.source} cost model, each scan charged its CPU time "
+                            f"measured on this host (eval/hostcost.py `measured`), layout {layout}")
     cost, note = ((None, "no radixflow run succeeded") if ref is None
                   else calibrated_cost(Path(ref.dir) / "trace.jsonl", args.overlap, default))
     out["calibrated"] = ({"note": note} if cost is None

@@ -7,7 +7,7 @@ the other for a type.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from radixflow_sglang import models
 
@@ -83,3 +83,11 @@ class Segment:
 
     def __len__(self) -> int:
         return len(self.questions)
+
+
+def undeclared(segments):
+    """The segments with no declared boundary: what a client that sends none (SGLang's
+    bench_serving) lets the server see; it learns every boundary."""
+    return [replace(s, questions=tuple(
+        replace(q, branches=tuple(replace(b, boundary=None) for b in q.branches))
+        for q in s.questions)) for s in segments]

@@ -572,19 +572,23 @@ def server_layout(arm_dir: Path) -> str:
 
 
 def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: int, cost,
-                    layout: str) -> dict[str, Any]:
+                    layout: str, host=None) -> dict[str, Any]:
     """The twin's figures (TWIN_KEYS) for one arm: the same workload, policy and boundary mode
-    in virtual time, free scans; a failure is recorded with its error, never filled in."""
+    in virtual time, free scans (`host`: an eval.hostcost.HostCost charges them); a failure
+    is recorded with its error, never filled in."""
+    from eval.hostcost import gpu_cost
     from eval.twin import replay
     from radixflow_sglang.config import RadixFlowConfig
 
     rf = (None if spec.policy == BASELINE
           else RadixFlowConfig(policy=spec.policy, boundaries=spec.boundaries))
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"layout": layout, "cost_model": cost.source}
+    out: dict[str, Any] = {"layout": layout, "cost_model": cost.source,
+                           "host": None if host is None else host.source}
     try:
         res = replay(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
-                     seed=seed, radixflow_config=rf)
+                     seed=seed, radixflow_config=rf, gpu=gpu_cost(cost, host),
+                     host=None if host is None else host.host_fn(spec.policy))
     except Exception as e:  # noqa: BLE001 - the prediction fails with its error
         return out | {"failed": True, "error": f"{type(e).__name__}: {e}"[:2000],
                       "wall_s": time.perf_counter() - t0}

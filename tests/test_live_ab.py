@@ -14,6 +14,7 @@ import pytest
 
 from eval import ab_report, live_ab
 from eval.ab_report import Load, RunRecord
+from eval.workload import workload
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET, BUSY = Load(0.2, 0.3, 0.4, 2), Load(1.5, 1.0, 0.5, 2)
@@ -192,6 +193,9 @@ def test_workloads_map_onto_run_arms_machinery():
     assert fork.twin_segments is None and "re-tokenizes" in fork.twin_note
     twin = paced.twin_segments()
     assert len(twin[0]) == 16 * 4  # the same gsp shape for the twin
+    # NOTE: bench_serving declares no boundary: neither does the twin's copy
+    assert all(b.boundary is None for q in twin[0] for b in q.branches)
+    assert any(b.boundary for q in workload("gsp", "qwen3.5-0.8b")[0] for b in q.branches)
 
 
 def test_the_trace_workload_sends_the_twins_blocks(tmp_path):
@@ -231,6 +235,10 @@ def test_live_ab_two_servers_one_repetition(tmp_path):
         assert r["figures"]["prefill_batches"] >= 1 and r["figures"]["mean_e2e_ms"] > 0
     assert len(entry["summary"]["mean_e2e_ms"]["ratios"]) == 1
     assert entry["twin"]["default"]["ratios"]["mean_e2e_ms"] is not None
+    scans = entry["twin"]["scans"]  # NOTE: the same twin with its scans charged
+    assert scans["ratios"]["mean_e2e_ms"] is not None and "measured" in scans["note"]
+    assert scans["arms"]["radixflow"]["host"].startswith("measured")
     assert "note" in entry["twin"]["calibrated"]
+    assert "twin (scans)" in (out / "report.md").read_text()
     assert (out / "plot-gsp-burst.png").exists()
     assert "## gsp-burst" in (out / "report.md").read_text()
