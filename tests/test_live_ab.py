@@ -242,3 +242,23 @@ def test_live_ab_two_servers_one_repetition(tmp_path):
     assert "twin (scans)" in (out / "report.md").read_text()
     assert (out / "plot-gsp-burst.png").exists()
     assert "## gsp-burst" in (out / "report.md").read_text()
+
+
+def test_the_twin_charges_its_scans_when_given_a_host_model():
+    """`scans`' plumbing: run_arms.twin_prediction with a host model charges each scan's host
+    time (the deterministic `model` here; live_ab passes `measured`): later, never sooner."""
+    from eval import run_arms
+    from eval.hostcost import host_model
+    from eval.requests import undeclared
+
+    segs = undeclared(workload("gsp", "qwen3.5-0.8b", groups=2, prompts_per_group=2,
+                               system_len=512, question_len=16, output_len=2))
+    cost = run_arms.twin_cost("qwen3.5-0.8b", False)
+    spec = run_arms.ArmSpec("radixflow", "radixflow")
+    free = run_arms.twin_prediction(spec, segs, "qwen3.5-0.8b", False, 0, cost, "no_buffer")
+    charged = run_arms.twin_prediction(spec, segs, "qwen3.5-0.8b", False, 0, cost, "no_buffer",
+                                       host_model("model"))
+    assert free["host"] is None and charged["host"].startswith("fit:")
+    assert not free.get("failed") and not charged.get("failed")
+    assert charged["latency_mean_s"] > free["latency_mean_s"]
+    assert charged["scheduled_tokens"] == free["scheduled_tokens"]  # NOTE: the same schedule
