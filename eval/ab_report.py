@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 ARMS = ("stock", "radixflow")  # the A and B of every workload (fork: their fork arms)
-TWINS = ("default", "scans", "calibrated")  # the twin's predictions (eval/live_ab.py)
+# NOTE: the twin's predictions (eval/live_ab.py), each with its plot marker and colour
+TWIN_MARKS = {"default": ("x", "tab:blue"), "scans": ("s", "tab:green"),
+              "calibrated": ("D", "tab:orange")}
+TWINS = tuple(TWIN_MARKS)
 # (key, label): what each run reports; None where the workload has no such figure
 METRICS = (("mean_e2e_ms", "mean e2e (ms)"), ("p99_e2e_ms", "p99 e2e (ms)"),
            ("mean_ttft_ms", "mean TTFT (ms)"), ("prefill_tokens", "prefill tokens"),
@@ -306,8 +309,7 @@ def plot_workload(name: str, entry: Mapping[str, Any], path: Path) -> bool:
         lo, hi = v["ci95"]
         ax.errorbar([i], [v["ratio"]], yerr=[[v["ratio"] - lo], [hi - v["ratio"]]], fmt="o",
                     color="black", capsize=4, zorder=3, label="median [95% CI]" if i == 0 else None)
-    for n, (mark, color) in {"default": ("x", "tab:blue"), "scans": ("s", "tab:green"),
-                             "calibrated": ("D", "tab:orange")}.items():
+    for n, (mark, color) in TWIN_MARKS.items():
         t = ((entry.get("twin") or {}).get(n) or {}).get("ratios") or {}
         pts = [(i, t[k]) for i, (k, _) in enumerate(keys) if t.get(k) is not None]
         if pts:

@@ -574,26 +574,20 @@ def server_layout(arm_dir: Path) -> str:
 def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: int, cost,
                     layout: str, host=None) -> dict[str, Any]:
     """The twin's figures (TWIN_KEYS) for one arm: the same workload, policy and boundary mode
-    in virtual time, free scans (`host`: an eval.hostcost.HostCost charges them); a failure
-    is recorded with its error, never filled in."""
-    from eval.hostcost import gpu_cost
-    from eval.twin import replay
+    in virtual time, free scans (`host`: an eval.hostcost.HostCost charges them, eval/twin.py
+    `run_arm`); a failure is recorded with its error, never filled in."""
+    from eval.twin import run_arm
     from radixflow_sglang.config import RadixFlowConfig
 
     rf = (None if spec.policy == BASELINE
           else RadixFlowConfig(policy=spec.policy, boundaries=spec.boundaries))
-    t0 = time.perf_counter()
     out: dict[str, Any] = {"layout": layout, "cost_model": cost.source,
                            "host": None if host is None else host.source}
-    try:
-        res = replay(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
-                     seed=seed, radixflow_config=rf, gpu=gpu_cost(cost, host),
-                     host=None if host is None else host.host_fn(spec.policy))
-    except Exception as e:  # noqa: BLE001 - the prediction fails with its error
-        return out | {"failed": True, "error": f"{type(e).__name__}: {e}"[:2000],
-                      "wall_s": time.perf_counter() - t0}
-    return out | {k: res.metrics.get(k) for k in TWIN_KEYS} | {
-        "wall_s": time.perf_counter() - t0}
+    res = run_arm(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
+                  seed=seed, host=host, radixflow_config=rf)
+    if res.error is not None:
+        return out | {"failed": True, "error": res.error[:2000], "wall_s": res.wall_s}
+    return out | {k: res.metrics.get(k) for k in TWIN_KEYS} | {"wall_s": res.wall_s}
 
 
 def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,

@@ -472,9 +472,13 @@ class BoundaryPublisher:
         users = self._users(req, tokens, ns, depth, key, adder, source)
         if not self._defer_wins(tokens, prefix, depth, users, adder, running):
             return False
-        self._defers[req.rid] = self._defers.get(req.rid, 0) + 1
+        return self._deferred(req.rid, prefix, depth, key, users)
+
+    def _deferred(self, rid: str, prefix: int, depth: int, key: tuple, users: float) -> bool:
+        """Book a slot deferral (counted, capped, remembered for `still_deferred`); True."""
+        self._defers[rid] = self._defers.get(rid, 0) + 1
         self.deferred += 1
-        self._slot_waits[req.rid] = (self._scans, prefix, depth, key, users)
+        self._slot_waits[rid] = (self._scans, prefix, depth, key, users)
         return True
 
     def _defer_wins(self, tokens, prefix: int, depth: int, users: float, adder: PrefillAdder,
@@ -509,8 +513,7 @@ class BoundaryPublisher:
                 or adder.new_chunked_req is None or self.grid.layout is not Layout.NO_BUFFER):
             return False
         since, prefix, depth, key, users = w
-        n = self._defers.get(req.rid, 0)
-        if key in self._serving or key in self._done or n >= cap:
+        if key in self._serving or key in self._done or self._defers.get(req.rid, 0) >= cap:
             return False
         for scan, extends in self._extends:
             if scan < since:
@@ -521,10 +524,7 @@ class BoundaryPublisher:
                     return False  # NOTE: a state on its path, or a sibling ran: the full rule
         if not self._defer_wins(tokens, prefix, depth, users, adder, running):
             return False
-        self._defers[req.rid] = n + 1
-        self.deferred += 1
-        self._slot_waits[req.rid] = (self._scans, prefix, depth, key, users)
-        return True
+        return self._deferred(req.rid, prefix, depth, key, users)
 
     def _users(self, req: Req, tokens, ns, depth: int, key: tuple, adder,
                source: Reason | None = None) -> float:
