@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write each arm's RadixFlow trace to DIR/POLICY.jsonl (round, selected, "
                         "decide and forward events, as a server's --radixflow-trace; none for "
                         "stock, which runs SGLang's unmodified scheduler)")
+    p.add_argument("--undeclared", action="store_true",
+                   help="drop every declared boundary: what a client that sends none (SGLang's "
+                        "bench_serving) lets the server see; it learns them (eval/live_ab.py's "
+                        "twin replays bench_serving workloads so)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -267,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "regime": args.regime, "order": args.order, "rate": args.rate,
         "questions": args.questions, "seed": args.seed, "layout": args.layout,
         "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
-        "executor": args.executor,
+        "executor": args.executor, "undeclared": args.undeclared,
     }
     if args.workload in TRAFFIC_WORKLOADS:
         from eval.traffic import describe
@@ -304,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"eval/replay.py: error: cannot build the workload: {e}", file=sys.stderr)
         return 2
+    if args.undeclared:
+        from eval.requests import undeclared
+
+        segments = undeclared(segments)
     progress = not args.no_progress and sys.stderr.isatty()
     arms = {}
     for policy in args.policies:

@@ -487,7 +487,8 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     result.outputs = loop.log.outputs
     if rt is not None:
         s = rt.summary()
-        result.reasons = {**s["hold_reasons"], **s["reasons"], **s["boundary_reasons"]}
+        result.reasons = {**s["hold_reasons"], **s["order_reasons"], **s["reasons"],
+                          **s["boundary_reasons"]}
     result.wall_s = time.perf_counter() - t_wall
     return result
 

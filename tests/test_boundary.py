@@ -19,6 +19,7 @@ from radixflow_sglang.core.boundary import (
     FORK,
     BoundaryLearner,
     MarkerLearner,
+    _kgram_index,
     common_runs,
     longest_common_run,
     optimal_placement,
@@ -779,3 +780,58 @@ def figures() -> None:
 
 if __name__ == "__main__":
     figures()
+
+
+def _infer_by_scan(ml: MarkerLearner, tokens, namespace=None) -> list:
+    """`MarkerLearner.infer` without its k-gram prechecks: every kept tail scanned by
+    `common_runs` (the reference its shortcuts must equal)."""
+    tail = tuple(tokens[-ml.window:])
+    if len(tail) <= ml.min_len or tail in ml._tails:
+        return []
+    index, pairs = _kgram_index(tail, ml.min_len), []
+    for old, space in zip(reversed(ml._tails), reversed(ml._spaces), strict=True):
+        runs = common_runs(tail, old, ml.min_len, index)
+        if runs is None:
+            if namespace is not None and space is not None and space != namespace:
+                fork = shared_run_end(tail, old, ml.min_len, index)
+                if fork is not None:
+                    return [ml._merge_suffix(ml.pieces, tail[max(0, fork - ml.span):fork])]
+            return []
+        pairs.append(runs)
+    ml._tails.append(tail)
+    ml._spaces.append(namespace)
+    ml._grams.append(frozenset())  # NOTE: unread here; kept aligned with the tails
+    if len(ml._tails) > ml.keep:
+        ml._tails.popleft(), ml._spaces.popleft(), ml._grams.popleft()
+    touched: list = []
+    for runs in pairs:
+        seen: set[int] = set()
+        for run in runs:
+            m = ml._piece(run, seen)
+            if m is not None and all(m is not t for t in touched):
+                touched.append(m)
+    return touched
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_infer_prechecks_equal_the_full_scan(seed):
+    """Unrelated tails (no common k-gram) and related ones (a common run at a window's start)
+    are decided without the scan; the pieces learned, their support and every answer are the
+    scan's, over a stream of documents, siblings, repeats and namespaces."""
+    rng = random.Random(seed)
+    fast, slow = MarkerLearner(window=48), MarkerLearner(window=48)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(1000, 1400) for _ in range(n)]  # NOTE: small alphabet: chance runs
+
+    docs = [rand(rng.randrange(10, 60)) for _ in range(5)]
+    for _ in range(60):
+        doc = rng.choice(docs)
+        req = _tail(doc, [7] + rand(rng.randrange(3, 12)), rand(rng.randrange(2, 8)))
+        ns = rng.choice([None, "a", "b"])
+        got, want = fast.infer(req, ns), _infer_by_scan(slow, req, ns)
+        assert [(m.tokens, m.support) for m in got] == [(m.tokens, m.support) for m in want]
+        assert [(m.tokens, m.support) for m in fast.pieces] == [
+            (m.tokens, m.support) for m in slow.pieces]
+        assert list(fast._tails) == list(slow._tails)
+    assert fast.pieces  # NOTE: the stream taught pieces: the comparison covered runs

@@ -30,3 +30,35 @@ def test_replay_trace_writes_each_radixflow_arm(tmp_path):
                         "--output-len", "2", "--host-cost", "none", "--no-progress",
                         "--trace", str(trace), "--out", str(out)]) == 0
     assert len((trace / "radixflow.jsonl").read_text().splitlines()) == len(events)
+
+
+def test_replay_undeclared_drops_the_declared_boundaries(tmp_path):
+    """--undeclared: bench_serving's view (no boundary sent), as eval/live_ab.py's twin replays
+    it: the radixflow arm places no `declared` boundary and computes what the twin computes on
+    `eval.requests.undeclared` of the same workload; declared, it places them."""
+    from eval.requests import undeclared
+    from eval.twin import run_arm
+    from eval.workload import workload
+    from radixflow_sglang.config import RadixFlowConfig
+
+    shape = dict(groups=3, prompts_per_group=3, system_len=512, question_len=64, output_len=2)
+
+    def arm(flag: list[str]) -> tuple[set, dict]:
+        trace, out = tmp_path / f"t{len(flag)}", tmp_path / f"o{len(flag)}"
+        assert replay.main(["--workload", "gsp", "--model", "qwen3.5-0.8b", "--policies",
+                            "radixflow", *[f"--{k.replace('_', '-')}={v}" for k, v in
+                                           shape.items()],
+                            "--layout", "no_buffer", "--host-cost", "none", "--no-progress",
+                            "--trace", str(trace), "--out", str(out), *flag]) == 0
+        events = [json.loads(line) for line in (trace / "radixflow.jsonl").open()]
+        summary = json.loads((out / "summary.json").read_text())
+        return {e["placed"] for e in events if e["event"] == "cut"}, summary
+
+    placed, declared = arm([])
+    assert "declared" in placed and declared["config"]["undeclared"] is False
+    placed, plain = arm(["--undeclared"])
+    assert "declared" not in placed and plain["config"]["undeclared"] is True
+    twin = run_arm(undeclared(workload("gsp", "qwen3.5-0.8b", **shape)), "qwen3.5-0.8b",
+                   "radixflow", layout="no_buffer", radixflow_config=RadixFlowConfig())
+    tokens = plain["arms"]["radixflow"]["scheduled_tokens"]
+    assert tokens == twin.metrics["scheduled_tokens"]

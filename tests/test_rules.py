@@ -45,9 +45,9 @@ def test_ablate_names_are_checked():
         with pytest.raises(ValueError, match=ABLATE_ENV) as e:
             parse_ablate(bad)
         assert "wait_wins" in str(e.value)  # NOTE: lists the ablatable rules
-    assert {r.reason for r in RULEBOOK if r.default} == {R.HOLD, R.ALWAYS_WAIT, R.NO_BOUNDARY,
-                                                        R.CUT}
-    assert len(ABLATABLE) == len(RULEBOOK) - 4
+    assert {r.reason for r in RULEBOOK if r.default} == {R.HOLD, R.QUEUE_ORDER, R.ALWAYS_WAIT,
+                                                        R.NO_BOUNDARY, R.CUT}
+    assert len(ABLATABLE) == len(RULEBOOK) - 5
 
 
 def default_rule(reason: Reason) -> None:
@@ -344,7 +344,7 @@ def run(scenario: Scenario, policy: str = "radixflow", ablate=(), config=None,
         scenario(k)
         rounds = k.drain()
         s = k.runtime.summary()
-    counts = {**s["hold_reasons"], **s["reasons"], **s["boundary_reasons"]}
+    counts = {**s["hold_reasons"], **s["order_reasons"], **s["reasons"], **s["boundary_reasons"]}
     work = (k.runtime.totals.quiet_scans, k.runtime.quiet_visits, sum(probed))
     return counts, [(r.rids, r.extend, r.prefix, r.chunked) for r in rounds] + [work]
 
@@ -510,3 +510,70 @@ def test_rule_frag_cap():
 
 def test_rule_fragment():
     decides(R.FRAGMENT, long_doc, policy="radixflow-frag", tokens=1024)
+
+
+# --- ORDER: RadixFlowRuntime._order, on SGLang's real scan (the kit) ---------------------------
+
+
+def interleaved(k) -> None:
+    """no_buffer, 2 rows: three groups of a declared 330-token system prompt, submitted group
+    by group's turn (g0r0 g1r0 g2r0 g0r1 g1r1 g2r1). g0r0 is cut at its boundary (SGLang's one
+    chunk slot), g1r0 and g2r0 wait for the slot, g0r1 parks on g0r0's state; next scan
+    g0r1, released, is visited before g1r0 and g2r0, which never waited."""
+    import random
+
+    k.runtime.use_prior(CostCoeffs(1e-3, 1e-4, 0.0))  # NOTE: tokens dear: a cut pays
+    rng = random.Random(1)
+    system = 5 * G + 10
+    prompts = [[rng.randrange(100, 200_000) for _ in range(system)] for _ in range(3)]
+    k.submit(*[k.req(f"g{g}r{i}", prompts[g] + [rng.randrange(100, 200_000)
+                                                for _ in range(G + 3)], boundary=system)
+               for i in range(2) for g in range(3)])
+
+
+def test_rule_rechecked_first():
+    decides(R.RECHECKED_FIRST, interleaved, layout="no_buffer", rows=2)
+
+
+def test_order_is_counted_and_traced(make_kit, tmp_path):
+    """Each scan that moves waited requests says so: one `order` event, its count of waited
+    requests adding up to /server_info's `order_reasons`; the visits that follow are theirs."""
+    import json
+
+    from radixflow_sglang.config import RadixFlowConfig
+
+    trace = tmp_path / "trace.jsonl"
+    k = make_kit(layout="no_buffer", policy="radixflow", rows=2,
+                 radixflow_config=RadixFlowConfig(policy="radixflow", trace=str(trace)))
+    interleaved(k)
+    k.drain()
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    orders = [e for e in events if e["event"] == "order"]
+    assert orders and {e["reason"] for e in orders} == {R.RECHECKED_FIRST.value}
+    assert sum(e["waited"] for e in orders) == \
+        k.runtime.summary()["order_reasons"][R.RECHECKED_FIRST.value]
+    first = orders[0]["round"]
+    visits = [e["rid"] for e in events if e["event"] == "park" and e["round"] == first]
+    parked = {e["rid"] for e in events if e["event"] == "parked" and e["round"] < first}
+    assert visits[0] in parked  # NOTE: a waited request leads the scan
+
+
+def test_rule_priority_order():
+    def prioritized(k) -> None:
+        k.sched.enable_priority_scheduling = True  # NOTE: priorities all equal: FCFS order
+        interleaved(k)
+
+    decides(R.PRIORITY_ORDER, prioritized, layout="no_buffer", rows=2)
+    counts, schedule = run(prioritized, "radixflow", layout="no_buffer", rows=2)
+    assert R.RECHECKED_FIRST.value not in counts
+    assert schedule == run(interleaved, "radixflow", [R.RECHECKED_FIRST], layout="no_buffer",
+                           rows=2)[1]  # NOTE: SGLang's order, as without the rule
+
+
+def test_rule_queue_order():
+    """Nothing waited: SGLang's order stands, as with the other ORDER rules ablated."""
+    counts, schedule = run(short, "radixflow", model="qwen3.5-0.8b")
+    assert not {R.RECHECKED_FIRST.value, R.PRIORITY_ORDER.value} & set(counts)
+    ablated = [R.RECHECKED_FIRST, R.PRIORITY_ORDER]
+    assert schedule == run(short, "radixflow", ablated, model="qwen3.5-0.8b")[1]
+    default_rule(R.QUEUE_ORDER)

@@ -133,6 +133,7 @@ class RadixFlowRuntime:
         # NOTE: decisions by reason (core/reasons.py), all time (/server_info); this scan's are
         # `scan.reasons` (Prometheus, counted once per round like the other series)
         self.reasons: Counter[Reason] = Counter()
+        self.order_reasons: Counter[Reason] = Counter()  # NOTE: ORDER, per request moved or kept
         self.boundary_reasons: Counter[Reason] = Counter()  # PLACE and PUBLISH, all time
         self._reported: Counter[Reason] = Counter()  # HOLD, PLACE, PUBLISH sent to Prometheus
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
@@ -160,6 +161,7 @@ class RadixFlowRuntime:
         self.round += 1
         if self._records() > 2 * len(sched.waiting_queue) + 1024:
             self._prune(sched)
+        self._order(sched)
         self.boundary.begin_scan(sched.waiting_queue)
         scan = self.scan = ScanState(self.round, sched=sched)
         if self.traversal is None:
@@ -180,6 +182,33 @@ class RadixFlowRuntime:
         scan.stats = self.traversal.begin_round(self._inflight(sched), slots)
         # NOTE: the scan's number, not the traversal's (quiet scans skip it): one count per trace
         scan.stats.round, scan.stats.t_start = self.round, self.clock()
+
+    def _order(self, sched: Scheduler) -> None:
+        """The ORDER point (core/reasons.py), after SGLang's `calc_priority`: requests parked in
+        an earlier scan (the wait set, rechecked) are visited before the rest, each part in
+        SGLang's order (a stable sort). A released consumer needs only its tail: visited first,
+        it takes a row a new producer would take, whose no_buffer cut would leave its rest
+        alone in a round whose rows are full (docs/notes/2026-12-rechecked-first.md). Priority
+        scheduling keeps SGLang's order. Rank-identical: `rounds_parked` counts agreed
+        decisions."""
+        if self.traversal is None:
+            return
+        q, rs = sched.waiting_queue, self.requests
+        waited = [(s := rs.get(r.rid)) is not None and s.rounds_parked > 0 for r in q]
+        n = sum(waited)
+        if not n or all(waited[:n]):
+            return  # NOTE: none waited, or they lead already: SGLang's order stands
+        if getattr(sched, "enable_priority_scheduling", False) and enabled(Reason.PRIORITY_ORDER):
+            why = Reason.PRIORITY_ORDER
+        elif enabled(Reason.RECHECKED_FIRST):
+            why = Reason.RECHECKED_FIRST
+            q[:] = [r for r, w in zip(q, waited, strict=True) if w] + [
+                r for r, w in zip(q, waited, strict=True) if not w]
+        else:
+            return
+        self.order_reasons[why] += n
+        if self._trace is not None:
+            self._emit({"event": "order", "round": self.round, "reason": why, "waited": n})
 
     @property
     def stats(self) -> RoundStats:
@@ -490,9 +519,10 @@ class RadixFlowRuntime:
             self._emit({"event": "round", **s.as_dict()})
 
     def _unreported_reasons(self) -> Counter[Reason]:
-        """HOLD, PLACE and PUBLISH decisions since the last round's report (they are counted
-        where they happen, apart from the scan's VISIT and DEFER ones)."""
-        now = self.boundary_reasons + (self.admission.reasons if self.admission else Counter())
+        """HOLD, ORDER, PLACE and PUBLISH decisions since the last round's report (they are
+        counted where they happen, apart from the scan's VISIT and DEFER ones)."""
+        now = (self.boundary_reasons + self.order_reasons
+               + (self.admission.reasons if self.admission else Counter()))
         fresh, self._reported = now - self._reported, now
         return fresh
 
@@ -575,6 +605,8 @@ class RadixFlowRuntime:
             "settings": {**self.cfg.settings(), "theta": self.theta},
             "reasons": self.reason_counts(),
             "hold_reasons": self.hold_reason_counts(),
+            "order_reasons": {r.reason.value: self.order_reasons[r.reason] for r in RULEBOOK
+                              if self.order_reasons[r.reason]},
             "boundary_reasons": {r.reason.value: self.boundary_reasons[r.reason] for r in RULEBOOK
                                  if self.boundary_reasons[r.reason]},
         }

@@ -1,24 +1,28 @@
 """The rulebook: every rule that can decide a request's fate in a prefill scan, in the order it
 is applied, each named by one `Reason`.
 
-A scan asks five decision points, in this order (docs/design.md's first page lists the same
+A scan asks six decision points, in this order (docs/design.md's first page lists the same
 rules in the same order with the same names):
 
 1. HOLD (per pass, adapter/admission.py, core/admission.py `Gate.decide`): keep arrived work
    out of the scan a little longer, or release it.
-2. VISIT (per visited request, adapter/runtime.py `RadixFlowRuntime._visit`, before LoRA,
+2. ORDER (per scan, adapter/runtime.py `RadixFlowRuntime._order`, after SGLang's
+   `calc_priority`): the wait set is rechecked first, or SGLang's order stands.
+3. VISIT (per visited request, adapter/runtime.py `RadixFlowRuntime._visit`, before LoRA,
    preemption or budget see it): held, parked (Blocked and waiting), or native handling.
-3. DEFER (per request native admission is about to take, `RadixFlowRuntime._defer`): skip
+4. DEFER (per request native admission is about to take, `RadixFlowRuntime._defer`): skip
    this round, or admit natively.
-4. PLACE (per selected request, core/boundary.py `place_rule`, from adapter/boundary.py
+5. PLACE (per selected request, core/boundary.py `place_rule`, from adapter/boundary.py
    `BoundaryPublisher.admitted`): the boundary it publishes its state at, if any.
-5. PUBLISH (per placed boundary, `publish_rule`): move the state, cut the extend, or leave
+6. PUBLISH (per placed boundary, `publish_rule`): move the state, cut the extend, or leave
    SGLang's own depth.
 
 Each decision point applies its rules top to bottom and the first that fires decides: its
-`Reason` travels with the decision into the trace (`park` / `defer` / `decide` events), the
-runtime's counts (`/server_info` `radixflow.reasons`; HOLD decisions, one per scheduler pass,
-apart in `radixflow.hold_reasons`; every point's in Prometheus `radixflow_decisions`) and
+`Reason` travels with the decision into the trace (`park` / `defer` / `decide` events; ORDER's
+one `order` event per scan that moves or keeps waited requests), the runtime's counts
+(`/server_info` `radixflow.reasons`; HOLD decisions, one per scheduler pass, apart in
+`radixflow.hold_reasons`, ORDER's, one per waited request, in `radixflow.order_reasons`;
+every point's in Prometheus `radixflow_decisions`) and
 `python -m radixflow_sglang.explain`. Pure Python, no SGLang import.
 
 Ablation (eval/ablation.py, tests/test_rules.py): `RADIXFLOW_ABLATE="reason,reason"` (read
@@ -47,6 +51,11 @@ class Reason(StrEnum):
     COST = "cost"  # holding cannot win (`hold_gain` <= 0): release (cost-aware flex)
     DEADLINE = "deadline"  # the oldest held request reached the deadline: release
     HOLD = "hold"  # none of the above: hold
+
+    # --- ORDER (RadixFlowRuntime._order), per queued request, checked in this order -----------
+    PRIORITY_ORDER = "priority_order"  # priority scheduling orders the queue: SGLang's order
+    RECHECKED_FIRST = "rechecked_first"  # parked in an earlier scan: visited before the rest
+    QUEUE_ORDER = "queue_order"  # otherwise: SGLang's order
 
     # --- VISIT (RadixFlowRuntime._visit), checked in this order --------------------------------
     HELD = "held"  # the admission hold keeps it out of this scan
@@ -103,6 +112,7 @@ class Action(StrEnum):
     PARK = "park"  # Blocked and waiting: keeps its queue position, holds nothing
     NATIVE = "native"  # SGLang's own handling from here on
     DEFER = "defer"  # skipped this round before it consumes anything
+    FIRST = "first"  # visited before the requests that never waited (each in SGLang's order)
     ADMIT = "admit"  # SGLang's native admission takes it (whole or cut as SGLang cuts)
     TARGET = "target"  # a boundary is placed: it publishes there if PUBLISH lets it
     MOVE = "move"  # its one tracked state moves to the boundary (extra_buffer)
@@ -111,15 +121,15 @@ class Action(StrEnum):
 
 @dataclass(frozen=True)
 class Rule:
-    point: str  # hold | visit | defer | place | publish
+    point: str  # hold | order | visit | defer | place | publish
     reason: Reason
     action: Action  # what the decision does when this rule fires
     says: str  # one line, the rule
     default: bool = False  # the point's otherwise (or a policy's): never ablated
 
 
-HOLD, VISIT, DEFER, PLACE, PUBLISH = "hold", "visit", "defer", "place", "publish"
-POINTS = (HOLD, VISIT, DEFER, PLACE, PUBLISH)
+HOLD, ORDER, VISIT, DEFER, PLACE, PUBLISH = "hold", "order", "visit", "defer", "place", "publish"
+POINTS = (HOLD, ORDER, VISIT, DEFER, PLACE, PUBLISH)
 
 RULEBOOK: tuple[Rule, ...] = (
     Rule(HOLD, Reason.ROWS, Action.RELEASE, "held requests fill the free rows"),
@@ -128,6 +138,11 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(HOLD, Reason.COST, Action.RELEASE, "cost-aware flex: holding cannot win (hold_gain <= 0)"),
     Rule(HOLD, Reason.DEADLINE, Action.RELEASE, "the oldest held request reached the deadline"),
     Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold", default=True),
+    Rule(ORDER, Reason.PRIORITY_ORDER, Action.NATIVE,
+         "priority scheduling is on: SGLang's priority order stands"),
+    Rule(ORDER, Reason.RECHECKED_FIRST, Action.FIRST,
+         "parked in an earlier scan (the wait set, rechecked): visited before the rest"),
+    Rule(ORDER, Reason.QUEUE_ORDER, Action.NATIVE, "otherwise: SGLang's order", default=True),
     Rule(VISIT, Reason.HELD, Action.HOLD, "the admission hold has not released it"),
     Rule(VISIT, Reason.NO_TRAVERSAL, Action.NATIVE, "the policy has no traversal (or no reuse)"),
     Rule(VISIT, Reason.QUIET_SCAN, Action.NATIVE, "a quiet scan: no candidate can wait"),
