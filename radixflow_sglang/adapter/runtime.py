@@ -31,7 +31,7 @@ from radixflow_sglang.core.cost import (
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.producers import Producer
-from radixflow_sglang.core.reasons import RULEBOOK, RULES, Action, Reason, enabled
+from radixflow_sglang.core.reasons import RULES, Action, Reason, enabled, in_rule_order
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
@@ -605,17 +605,14 @@ class RadixFlowRuntime:
             "settings": {**self.cfg.settings(), "theta": self.theta},
             "reasons": self.reason_counts(),
             "hold_reasons": self.hold_reason_counts(),
-            "order_reasons": {r.reason.value: self.order_reasons[r.reason] for r in RULEBOOK
-                              if self.order_reasons[r.reason]},
-            "boundary_reasons": {r.reason.value: self.boundary_reasons[r.reason] for r in RULEBOOK
-                                 if self.boundary_reasons[r.reason]},
+            "order_reasons": in_rule_order(self.order_reasons),
+            "boundary_reasons": in_rule_order(self.boundary_reasons),
         }
 
     def reason_counts(self) -> dict[str, int]:
         """Visit and defer decisions made so far by reason, in the rulebook's order (their sum
         is the number of decisions: one per `park` and one per `defer` call)."""
-        return {r.reason.value: self.reasons[r.reason] for r in RULEBOOK
-                if self.reasons[r.reason]}
+        return in_rule_order(self.reasons)
 
     def hold_reason_counts(self) -> dict[str, int]:
         """The admission hold's decisions so far by reason, in the rulebook's order: one per
@@ -623,8 +620,7 @@ class RadixFlowRuntime:
         while a hold lasts), so they are kept apart from `reasons`."""
         if self.admission is None:
             return {}
-        counts = self.admission.reasons
-        return {r.reason.value: counts[r.reason] for r in RULEBOOK if counts[r.reason]}
+        return in_rule_order(self.admission.reasons)
 
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
     def hold(self, sched: Scheduler, running_batch) -> bool:

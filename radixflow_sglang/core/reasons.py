@@ -35,7 +35,7 @@ every rank reads the same environment, so an ablation is rank-identical.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -217,6 +217,12 @@ RULES: dict[Reason, Rule] = {r.reason: r for r in RULEBOOK}  # each reason's one
 def rules(point: str) -> tuple[Rule, ...]:
     """One decision point's rules, in order."""
     return tuple(r for r in RULEBOOK if r.point == point)
+
+
+def in_rule_order(counts: Mapping[Reason, int]) -> dict[str, int]:
+    """Decision counts by reason value, in the rulebook's order, zeros left out (what
+    /server_info reports for each point)."""
+    return {r.reason.value: counts[r.reason] for r in RULEBOOK if counts.get(r.reason)}
 
 
 def rulebook_table() -> str:
