@@ -21,11 +21,14 @@ SYSTEM_UNITS = 4  # system prompt: 4 grid units + 10
 # NOTE: tokens dear (0.1 ms each, 1 ms a round): a short prompt's recompute outweighs a round,
 # as a 2,048-token one does at the generic prior; the kit's scans stay small and fast.
 DEAR_TOKENS = CostCoeffs(alpha=1e-3, beta=1e-4, gamma=0.0)
+# NOTE: rounds dear too (100 ms, as a live 0.8B server's wall round against its cheap tokens):
+# a 266-token recompute outweighs a round only while few groups wait ahead for the slot
+DEAR_ROUNDS = CostCoeffs(alpha=0.1, beta=1e-4, gamma=0.0)
 
 
-def kit_for(mode: str):
+def kit_for(mode: str, cost: CostCoeffs = DEAR_TOKENS):
     kit = make("radixflow", mode, "no_buffer")
-    kit.runtime.use_prior(DEAR_TOKENS)
+    kit.runtime.use_prior(cost)
     return kit
 
 
@@ -75,6 +78,12 @@ def test_defer_pays_when_the_recompute_delays_more_than_the_deferral():
     assert not defer_wins(c, 2048, 64, 15, 0)  # no user: nothing to save
     assert defer_wins(c, 2048, 64, 15, 3) == defer_wins(c, 2048, 64, 15, 1)  # one recomputes
     assert not defer_wins(c, 2048, 64, 15, 0.05)  # rarely reused: not worth the wait
+    # groups deferred before it take the slot first: a round each (about c(1, gain))
+    assert defer_wins(c, 2048, 64, 15, 1, ahead=0) == defer_wins(c, 2048, 64, 15, 1)
+    flips = next(a for a in range(100) if not defer_wins(c, 2048, 64, 15, 1, ahead=a))
+    assert 0 < flips and not any(defer_wins(c, 2048, 64, 15, 1, ahead=a)
+                                 for a in range(flips, flips + 20))
+    assert (1 + flips) * c(1, 2048) + c(1, 64) >= c.beta * 2048 * 16 > flips * c(1, 2048)
     assert consumers(2, computed=True) == 2 and consumers(0, computed=False) == 1
     assert consumers(0, computed=True) == 0 and consumers(1, False, 0.25) == 1.25
 
@@ -140,6 +149,67 @@ def test_no_deferral_when_it_does_not_pay(why):
     res = burst_then_siblings(kit, 4, 1, system, G + 3)
     assert kit.runtime.boundary.deferred == 0
     assert res[0, 1] == system and res[1, 1] == res[2, 1] == 0
+
+
+# --- kit: every group's requests at once (a gsp burst) --------------------------------------
+
+
+def _whole_burst(groups: int, ahead: bool, monkeypatch) -> tuple[list, list, dict]:
+    """`groups` groups of 4, every request queued at once, declared, rounds dear: the kit's
+    rounds, the slot-deferral verdicts of the first scan as (groups ahead, verdict), and the
+    round in which each request was first scheduled. `ahead` False: the rule without the
+    groups ahead (one round per deferral, as before)."""
+    from radixflow_sglang.adapter import boundary as adapter_boundary
+
+    G = grid_of()
+    system = SYSTEM_UNITS * G + 10
+    rng = random.Random(4)
+    verdicts: list[tuple[int, bool]] = []
+
+    def recorded(c, gain, rest, behind, users, n=0):
+        ok = defer_wins(c, gain, rest, behind, users, n if ahead else 0)
+        verdicts.append((n, ok))
+        return ok
+
+    kit = kit_for("declared", DEAR_ROUNDS)
+    prompts = [_ids(rng, system) for _ in range(groups)]
+    kit.submit(*[kit.req(f"g{g}r{i}", prompts[g] + _ids(rng, G + 3), boundary=system)
+                 for g in range(groups) for i in range(4)])
+    with monkeypatch.context() as m:
+        m.setattr(adapter_boundary, "defer_wins", recorded)
+        kit.step()
+        first = list(verdicts)
+        rounds = [kit.rounds[-1]] + kit.drain()
+    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+    started: dict = {}
+    for k, r in enumerate(rounds):
+        for rid in r.prefix:
+            started.setdefault(rid, k)
+    return rounds, first, started
+
+
+def test_groups_far_back_in_the_slot_queue_run_now_with_their_queued_siblings(monkeypatch):
+    """Every group's requests queued at once: the slot serves one group's cut a round, so a
+    deferral waits a round for each group deferred before it. The first groups wait for the
+    slot; from the group where that wait costs more than the recompute it saves, the groups
+    run now, every member recomputing (as stock's do). Without the groups ahead in the rule
+    (one round per deferral), every group waits its turn in the first scan, and the burst
+    takes more rounds and its last request starts later. (The kit's witness executor checks
+    every state either way.)"""
+    groups = 8
+    rounds, first, started = _whole_burst(groups, True, monkeypatch)
+    old_rounds, old_first, old_started = _whole_burst(groups, False, monkeypatch)
+    # NOTE: the first scan: g0r0 cut, its siblings parked on it; every member of g1.. asked
+    assert len(old_first) == len(first) == 4 * (groups - 1) and all(ok for _, ok in old_first)
+    flip = next(i for i, (_, ok) in enumerate(first) if not ok)
+    assert flip > 0 and not any(ok for _, ok in first[flip:])  # none after the first no
+    assert [n for n, _ in first] == sorted(n for n, _ in first)
+    declined = range(groups - (len(first) - flip) // 4, groups)
+    assert len(declined) >= 1
+    assert rounds[0].prefix == {"g0r0": 0, **{f"g{g}r{i}": 0 for g in declined
+                                               for i in range(4)}}
+    assert len(rounds) < len(old_rounds)
+    assert max(started.values()) < max(old_started.values())
 
 
 # --- kit: the firsts published nothing usable; their siblings arrive together ----------------

@@ -197,6 +197,7 @@ class BoundaryPublisher:
         self._serving = set()
         self._selected = set()
         self._fork_marks = {}
+        self._slot_keys: dict[tuple, None] = {}  # keys deferred for the slot this scan, in order
         if len(self._hashes) > 8 * len(self._queue) + 4096:
             live = self._queue_rids
             self._hashes = {k: v for k, v in self._hashes.items() if k[0] in live}
@@ -470,7 +471,7 @@ class BoundaryPublisher:
         if key in self._serving:
             return False  # NOTE: a sibling publishes there this round: traversal's case
         users = self._users(req, tokens, ns, depth, key, adder, source)
-        if not self._defer_wins(tokens, prefix, depth, users, adder, running):
+        if not self._defer_wins(req, tokens, prefix, depth, key, users, adder, running):
             return False
         return self._deferred(req.rid, prefix, depth, key, users)
 
@@ -478,17 +479,29 @@ class BoundaryPublisher:
         """Book a slot deferral (counted, capped, remembered for `still_deferred`); True."""
         self._defers[rid] = self._defers.get(rid, 0) + 1
         self.deferred += 1
+        self._slot_keys[key] = None
         self._slot_waits[rid] = (self._scans, prefix, depth, key, users)
         return True
 
-    def _defer_wins(self, tokens, prefix: int, depth: int, users: float, adder: PrefillAdder,
-                    running: int) -> bool:
+    def _defer_wins(self, req: Req, tokens, prefix: int, depth: int, key: tuple,
+                    users: float, adder: PrefillAdder, running: int) -> bool:
         """core/boundary.py `defer_wins`; behind the request: the unselected queue and the
-        `running` requests."""
+        `running` requests; ahead of it: the other groups deferred for the slot this scan, when
+        its users are queued now (docs/design.md, "The chunk slot")."""
         c = self.cost() if self.cost is not None else None
+        if c is None:
+            return False
         picked = sum(1 for r in adder.can_run_list if r.rid in self._queue_rids)
         behind = max(len(self._queue) - picked - 1, 0) + running
-        return c is not None and defer_wins(c, depth - prefix, len(tokens) - depth, behind, users)
+        # NOTE: the slot serves one group's cut a round, in queue order, so the groups deferred
+        # before it delay its cut a round each. A group queued together saves that wait by not
+        # deferring (its members run now, recomputing, as stock's do); siblings still to come
+        # wait for a cut whenever they arrive, so a lone request's deferral costs its usual
+        # two rounds. A group: requests with its key in this scan's queue, selected or not.
+        ahead = 0
+        if self._groups_at(depth).get(key, 0) > 1:
+            ahead = sum(1 for k in self._slot_keys if k != key)
+        return defer_wins(c, depth - prefix, len(tokens) - depth, behind, users, ahead)
 
     def end_scan(self, run: Sequence[Req]) -> None:
         """The scan's extends (no_buffer: each publishes its state at its end), for
@@ -522,7 +535,7 @@ class BoundaryPublisher:
                 d = min(end, depth)
                 if s == ns and d > prefix and tokens[:16] == t[:16] and tokens[:d] == t[:d]:
                     return False  # NOTE: a state on its path, or a sibling ran: the full rule
-        if not self._defer_wins(tokens, prefix, depth, users, adder, running):
+        if not self._defer_wins(req, tokens, prefix, depth, key, users, adder, running):
             return False
         return self._deferred(req.rid, prefix, depth, key, users)
 
@@ -531,15 +544,20 @@ class BoundaryPublisher:
         """Requests expected to reuse a state at `depth` (core/boundary.py `consumers`): its
         queued siblings, and future ones at the reuse share of `source`'s placements (a
         learned PLACE rule) or of boundary states (`usage`)."""
-        # NOTE: itself and its siblings selected this scan excluded (they run now)
-        queued = self._groups_at(depth).get(key, 0) - 1
-        queued -= sum(1 for r in adder.can_run_list
-                      if r is not req and self._hashes.get((r.rid, depth)) == key)
+        queued = self._queued_siblings(req, depth, key, adder)
         # NOTE: SGLang's branching depth is the KV hit floored to the grid
         b = req.mamba_branching_seqlen
         rate = self.placed[source].exposed_rate if source in self.placed else self.usage.rate
-        return consumers(max(queued, 0), b is not None and b >= depth // self.grid.size
+        return consumers(queued, b is not None and b >= depth // self.grid.size
                          * self.grid.size, rate)
+
+    def _queued_siblings(self, req: Req, depth: int, key: tuple, adder) -> int:
+        """Queued requests sharing `req`'s prefix to `depth` (its key), not selected this scan
+        (itself and the siblings selected this scan excluded: they run now)."""
+        queued = self._groups_at(depth).get(key, 0) - 1
+        queued -= sum(1 for r in adder.can_run_list
+                      if r is not req and self._hashes.get((r.rid, depth)) == key)
+        return max(queued, 0)
 
     def _contested(self, depth: int, key: tuple, adder) -> bool:
         """Another group of >= 2 unselected queued requests wants a boundary at `depth`."""

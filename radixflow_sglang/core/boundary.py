@@ -103,19 +103,22 @@ def consumers(queued: int, computed: bool, future: float = 1.0) -> float:
     return queued + (0.0 if computed else future)
 
 
-def defer_wins(c: CostCoeffs, gain: int, rest: int, behind: int, users: float) -> bool:
-    """no_buffer: defer a request one round when its boundary cut cannot get SGLang's one chunk
-    slot this round (another cut holds it), so that it is cut next round.
+def defer_wins(c: CostCoeffs, gain: int, rest: int, behind: int, users: float,
+               ahead: int = 0) -> bool:
+    """no_buffer: defer a request when its boundary cut cannot get SGLang's one chunk slot this
+    round (another cut holds it), so that it is cut when the slot comes to it.
 
     Not deferring, it publishes only its end, and the first of its `users` (if any: at most
     one, with probability min(users, 1)) recomputes the `gain` tokens, work that delays every
     request finishing after it, estimated by the `behind` ones now (queued or running, the
     candidate excluded), and itself; the other users wait for that one's cut either way.
-    Deferring delays the request itself: its cut next round and its rest the round after,
-    c(1, gain) + c(1, rest). Pure, rank-identical inputs."""
+    Deferring delays the request itself: the cuts of the `ahead` groups deferred before it
+    take the slot first, one round each (each about c(1, gain)), then its cut and its rest
+    the round after: (1 + ahead)·c(1, gain) + c(1, rest). Pure, rank-identical inputs."""
     if users <= 0 or gain <= 0:
         return False
-    return min(users, 1.0) * c.beta * gain * (1 + behind) > c(1, gain) + c(1, rest)
+    return (min(users, 1.0) * c.beta * gain * (1 + behind)
+            > (1 + ahead) * c(1, gain) + c(1, rest))
 
 
 @dataclass
