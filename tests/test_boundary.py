@@ -306,7 +306,7 @@ def test_both_uses_a_declaration_when_there_is_one_else_what_it_learned():
     learned = gsp_paced(kit, 2, 4, system, G + 3, declare=False, seed=2)
     assert followers_without_hit(learned) == 0  # NOTE: the declared groups taught it 3 G
     assert kit.runtime.boundary.moved == {"declared": 2, "learned": 2, "marker": 0, "repeat": 0,
-                                             "fork_mark": 0}
+                                             "queued_fork": 0, "fork_mark": 0}
 
 
 def test_learned_leaves_continuations_and_repeats_alone():

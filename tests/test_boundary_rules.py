@@ -23,23 +23,27 @@ def asked(log: list, name: str, value):
     return f
 
 
+SOURCES = ("marker", "repeat", "queued", "learned")
+
+
 @pytest.mark.parametrize("sources, want, calls", [
-    ((5, 6, 7), (Reason.MARKER, 5), ["marker"]),
-    ((None, 6, 7), (Reason.REPEAT, 6), ["marker", "repeat"]),
-    ((None, None, 7), (Reason.LEARNED, 7), ["marker", "repeat", "learned"]),
-    ((None, None, None), (Reason.NO_BOUNDARY, None), ["marker", "repeat", "learned"]),
+    ((5, 6, 8, 7), (Reason.MARKER, 5), ["marker"]),
+    ((None, 6, 8, 7), (Reason.REPEAT, 6), ["marker", "repeat"]),
+    ((None, None, 8, 7), (Reason.QUEUED_FORK, 8), ["marker", "repeat", "queued"]),
+    ((None, None, None, 7), (Reason.LEARNED, 7), list(SOURCES)),
+    ((None, None, None, None), (Reason.NO_BOUNDARY, None), list(SOURCES)),
 ])
-def test_place_asks_the_learned_sources_in_order_and_stops_at_the_first(sources, want, calls):
+def test_place_asks_the_undeclared_sources_in_order_and_stops_at_the_first(sources, want,
+                                                                             calls):
     log: list = []
-    marker, repeat, learned = (asked(log, n, v) for n, v in
-                               zip(("marker", "repeat", "learned"), sources, strict=True))
-    assert place_rule(None, True, False, marker, repeat, learned) == want
+    srcs = [asked(log, n, v) for n, v in zip(SOURCES, sources, strict=True)]
+    assert place_rule(None, True, False, *srcs) == want
     assert log == calls
 
 
 def test_a_declaration_wins_and_nothing_is_learned_past_a_native_branch():
     log: list = []
-    srcs = [asked(log, n, 9) for n in ("marker", "repeat", "learned")]
+    srcs = [asked(log, n, 9) for n in SOURCES]
     assert place_rule(lambda: 3, True, False, *srcs) == (Reason.DECLARED, 3)
     assert place_rule(lambda: None, True, False, *srcs) == (Reason.DECLARED, None)  # outside
     assert place_rule(None, True, True, *srcs) == (Reason.NATIVE_BRANCH, None)

@@ -111,11 +111,12 @@ def place(declared: int | None, branch: bool, sources: tuple, ablate=()) -> tupl
 
 
 def _place_case(reason: Reason) -> None:
-    cases = {R.DECLARED: (3, False, (5, 6, 7), (R.MARKER, 5)),
-             R.NATIVE_BRANCH: (None, True, (5, 6, 7), (R.MARKER, 5)),
-             R.MARKER: (None, False, (5, 6, 7), (R.REPEAT, 6)),
-             R.REPEAT: (None, False, (None, 6, 7), (R.LEARNED, 7)),
-             R.LEARNED: (None, False, (None, None, 7), (R.NO_BOUNDARY, None))}
+    cases = {R.DECLARED: (3, False, (5, 6, 8, 7), (R.MARKER, 5)),
+             R.NATIVE_BRANCH: (None, True, (5, 6, 8, 7), (R.MARKER, 5)),
+             R.MARKER: (None, False, (5, 6, 8, 7), (R.REPEAT, 6)),
+             R.REPEAT: (None, False, (None, 6, 8, 7), (R.QUEUED_FORK, 8)),
+             R.QUEUED_FORK: (None, False, (None, None, 8, 7), (R.LEARNED, 7)),
+             R.LEARNED: (None, False, (None, None, None, 7), (R.NO_BOUNDARY, None))}
     declared, branch, sources, ablated = cases[reason]
     assert place(declared, branch, sources)[0] is reason
     assert place(declared, branch, sources, [reason]) == ablated
@@ -137,12 +138,16 @@ def test_rule_repeat():
     _place_case(R.REPEAT)
 
 
+def test_rule_queued_fork():
+    _place_case(R.QUEUED_FORK)
+
+
 def test_rule_learned():
     _place_case(R.LEARNED)
 
 
 def test_rule_no_boundary():
-    assert place(None, False, (None, None, None)) == (R.NO_BOUNDARY, None)
+    assert place(None, False, (None, None, None, None)) == (R.NO_BOUNDARY, None)
     default_rule(R.NO_BOUNDARY)
 
 

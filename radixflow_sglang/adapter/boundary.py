@@ -26,6 +26,7 @@ The state is SGLang's own tracked state and SGLang's match decides every later r
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -107,6 +108,7 @@ def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
 
 
 LEARNED_SOURCES = (Reason.MARKER, Reason.REPEAT, Reason.LEARNED)
+SHARERS = 32  # NOTE: queued sharers a placement reads (a bound on a scan's LCP work)
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,8 @@ class BoundaryPublisher:
         # NOTE: (req, adder) -> seconds the oldest request finishing with this round arrived
         # before it (the runtime's `_older_by`; None: no tail guard)
         self.older_by: Callable[[Req, PrefillAdder], float] | None = None
-        self.moved = {"declared": 0, "learned": 0, "marker": 0, "repeat": 0, "fork_mark": 0}
+        self.moved = {"declared": 0, "learned": 0, "marker": 0, "repeat": 0, "queued_fork": 0,
+                      "fork_mark": 0}
         self.deferred = 0  # rounds requests were deferred for the chunk slot (no_buffer)
         self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
         self.unpaid = 0  # no_buffer learned cuts not made: the round costs more than they save
@@ -166,6 +169,9 @@ class BoundaryPublisher:
         self._queue: list = []  # this scan's waiting queue (rank-identical)
         self._queue_rids: set[str] = set()
         self._groups: dict[int, dict[tuple, int]] = {}  # depth -> key -> queued requests
+        self._heads: dict[tuple, list] | None = None  # key at one grid step -> queued (a scan)
+        self._pos: dict[str, int] = {}  # rid -> queue position (a scan)
+        self._cum: list[int] | None = None
         self._serving: set[tuple] = set()  # keys published at their boundary this scan
         self._hashes: dict[tuple[str, int], tuple] = {}  # (rid, depth) -> key, across scans
         self._defers: dict[str, int] = {}  # rid -> rounds deferred
@@ -194,6 +200,9 @@ class BoundaryPublisher:
         self._queue = list(queue)
         self._queue_rids = {r.rid for r in self._queue}
         self._groups = {}
+        self._heads = None
+        self._pos: dict[str, int] = {}
+        self._cum: list[int] | None = None  # demand prefix sums of the queue (`_reachable`)
         self._serving = set()
         self._selected = set()
         self._fork_marks = {}
@@ -229,7 +238,7 @@ class BoundaryPublisher:
         if self._placements:
             self._placement_hits(req, tokens, ns, prefix)
         self._selected.add(req.rid)
-        placed, depth = self._target(req, ns, prefix, end - prefix, native_branch)
+        placed, depth = self._target(req, ns, prefix, end - prefix, native_branch, adder)
         source = placed if placed not in (Reason.NO_BOUNDARY, Reason.NATIVE_BRANCH) else None
         if source in self.placed and depth is not None:
             self._place(req, tokens, ns, depth, source,
@@ -295,8 +304,8 @@ class BoundaryPublisher:
             return True
         return self.learner.publishes_at(n) and self.learner.kind(_key(ns, tokens, n)) is not None
 
-    def _target(self, req: Req, ns, prefix: int, extend: int,
-                native_branch: bool) -> tuple[Reason, int | None]:
+    def _target(self, req: Req, ns, prefix: int, extend: int, native_branch: bool,
+                adder: PrefillAdder) -> tuple[Reason, int | None]:
         """Where this extend should publish: the PLACE rule that fired and its depth (core/
         boundary.py `place_rule`: declared, else learned: a marker first, since it finds this
         request's own document end, where a depth learned from other paths is only right when
@@ -314,7 +323,8 @@ class BoundaryPublisher:
             None if b is None else lambda: publish_at(self.grid, b, prefix, extend),
             self.learner is not None, native_branch,
             lambda: self._marker_target(req, ns, prefix, extend, native),
-            lambda: self._repeat_target(req, ns, prefix, extend, native), learned)
+            lambda: self._repeat_target(req, ns, prefix, extend, native),
+            lambda: self._queued_target(req, ns, prefix, extend, native, adder), learned)
 
     def _queued_past(self, req: Req, ns, depth: int) -> bool:
         """An unselected queued request shares `req`'s tokens past `depth`: its fork, deeper,
@@ -342,6 +352,74 @@ class BoundaryPublisher:
         if d is None or not self.learner.repeat_wins(ns, prefix, native, d):
             return None
         return d
+
+    def _queued_target(self, req: Req, ns, prefix: int, extend: int, native: int | None,
+                       adder: PrefillAdder) -> int | None:
+        """The depth where the one state serves most (core/boundary.py `place`) among the
+        forks of the queued requests this round cannot take that share this extend past its
+        ready prefix (known demand, 1 each) and the continuations of its end (the namespace's
+        share); None: its end serves most, or no such request. The scan's traversal moves a
+        producer to the fork of each consumer it visits (`_apply_fork`); this serves those a
+        full budget leaves unvisited (a burst: the budget fills with each group's first
+        requests before their siblings are reached)."""
+        # NOTE: extra_buffer's move is free; no_buffer's is a cut (a round, the one chunk slot):
+        # tried, not landed (docs/notes/2026-12-queued-forks.md)
+        if self.grid.layout is not Layout.EXTRA_BUFFER or native is None:
+            return None
+        tokens = req_tokens(req)
+        left, siblings = budget_left(adder), 0
+        points = []
+        for r, overlap in self._queued_sharers(req, tokens, ns):
+            need = req_len(r) - r.prefix_len
+            # NOTE: the round may reach and take it (the traversal's case): the demand queued
+            # between them fits, less the other sharers between (Blocked by `req`, they park)
+            reach = self._between(req, r)
+            if reach is not None and reach - siblings <= left:
+                siblings += need
+                continue
+            siblings += need if reach is not None else 0
+            if overlap <= max(prefix, r.prefix_len):
+                continue  # NOTE: its own ready prefix reaches the fork: no state needed
+            d = publish_at(self.grid, overlap, prefix, extend)
+            points.append((native if d is None else d, 1.0))
+        if not points:
+            return None
+        points.append((native, self._continuations(ns)))
+        return place(prefix, native, points)
+
+    def _between(self, req: Req, r: Req) -> int | None:
+        """The demand (input lengths less ready prefixes: an upper bound) queued after `req` up
+        to and including `r`; None when `r` comes before it (the scan has passed it)."""
+        if self._cum is None:
+            self._pos = {q.rid: i for i, q in enumerate(self._queue)}
+            self._cum = list(itertools.accumulate(
+                (req_len(q) - q.prefix_len for q in self._queue), initial=0))
+        i, j = self._pos.get(req.rid, -1), self._pos.get(r.rid)
+        return None if j is None or j < i else self._cum[j + 1] - self._cum[i + 1]
+
+    def _queued_sharers(self, req: Req, tokens, ns) -> list[tuple[Req, int]]:
+        """(request, the prefix it can match of `req`'s tokens) for the queued requests not
+        selected this scan that share `req`'s first grid step, at most SHARERS, in queue
+        order (rank-identical)."""
+        g = self.grid.size
+        if len(tokens) <= g:
+            return []
+        if self._heads is None:
+            self._heads = {}
+            for r in self._queue:
+                t = req_tokens(r)
+                if len(t) > g:
+                    self._heads.setdefault(self._key_of(r, t, namespace(r), g), []).append(r)
+        out = []
+        for r in self._heads.get(self._key_of(req, tokens, ns, g), ()):
+            if r is req or r.rid in self._selected:
+                continue
+            t = req_tokens(r)
+            # NOTE: a request matches at most its length - 1 (SGLang keeps one token to run)
+            out.append((r, min(fast_lcp(as_tokens(t), as_tokens(tokens)), len(t) - 1)))
+            if len(out) >= SHARERS:
+                break
+        return out
 
     # --- learned document ends (core/boundary.py MarkerLearner) ---------------------------------
     def _observe_fork(self, req: Req, tokens, tree, prefix: int, branching: int | None) -> None:
@@ -464,7 +542,7 @@ class BoundaryPublisher:
             return False
         prefix = req.prefix_len
         extend = len(tokens) - prefix
-        source, depth = self._target(req, ns, prefix, extend, False)
+        source, depth = self._target(req, ns, prefix, extend, False, adder)
         if depth is None or self._defers.get(req.rid, 0) >= cap:
             return False
         key = self._key_of(req, tokens, ns, depth)
@@ -677,7 +755,9 @@ class BoundaryPublisher:
     def summary(self) -> dict:
         return {"mode": self.mode, "moved_declared": self.moved["declared"],
                 "moved_learned": self.moved["learned"], "moved_marker": self.moved["marker"],
-                "moved_repeat": self.moved["repeat"], "fork_marks": self.moved["fork_mark"],
+                "moved_repeat": self.moved["repeat"],
+                "moved_queued_fork": self.moved["queued_fork"],
+                "fork_marks": self.moved["fork_mark"],
                 "deferred": self.deferred,
                 "cuts_skipped": self.skipped, "cuts_unpaid": self.unpaid,
                 "reused_share": round(self.usage.rate, 3),

@@ -593,11 +593,12 @@ Depth = Callable[[], int | None]  # a depth, computed only when its rule is aske
 
 
 def place_rule(declared: Depth | None, learning: bool, native_branch: bool, marker: Depth,
-               repeat: Depth, learned: Depth) -> tuple[Reason, int | None]:
+               repeat: Depth, queued: Depth, learned: Depth) -> tuple[Reason, int | None]:
     """PLACE: the boundary a selected request publishes at, first rule that fires, and its
     depth. `declared`: None without a declaration, else its depth on the grid (None when
-    outside the extend: the rule still fires and PUBLISH says `outside`). The learned sources
-    are asked lazily, in order, only while `learning` and the match has no branching depth."""
+    outside the extend: the rule still fires and PUBLISH says `outside`). The undeclared
+    sources are asked lazily, in order, only while `learning` and the match has no branching
+    depth."""
     if declared is not None and enabled(Reason.DECLARED):
         return Reason.DECLARED, declared()
     if not learning:
@@ -605,7 +606,7 @@ def place_rule(declared: Depth | None, learning: bool, native_branch: bool, mark
     if native_branch and enabled(Reason.NATIVE_BRANCH):
         return Reason.NATIVE_BRANCH, None
     for reason, depth in ((Reason.MARKER, marker), (Reason.REPEAT, repeat),
-                          (Reason.LEARNED, learned)):
+                          (Reason.QUEUED_FORK, queued), (Reason.LEARNED, learned)):
         d = depth() if enabled(reason) else None
         if d is not None:
             return reason, d

@@ -90,6 +90,7 @@ class Reason(StrEnum):
     NATIVE_BRANCH = "native_branch"  # its match carries SGLang's branching depth: keep it
     MARKER = "marker"  # a learned marker or template piece in its extend serves most (`place`)
     REPEAT = "repeat"  # its namespace repeats prompts: length - 1
+    QUEUED_FORK = "queued_fork"  # extra_buffer: queued requests the round cannot take fork from it
     LEARNED = "learned"  # a learned fork depth no queued sibling forks past
     NO_BOUNDARY = "no_boundary"  # none applies: SGLang's own publish depth
 
@@ -188,6 +189,9 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(PLACE, Reason.MARKER, Action.TARGET,
          "learned: a marker or template piece in its extend serves most (`place`)"),
     Rule(PLACE, Reason.REPEAT, Action.TARGET, "learned: its namespace repeats prompts: length - 1"),
+    Rule(PLACE, Reason.QUEUED_FORK, Action.TARGET,
+         "extra_buffer: queued requests the round cannot take share its extend past its ready "
+         "prefix (known demand): where the one state serves most (`place`)"),
     Rule(PLACE, Reason.LEARNED, Action.TARGET,
          "learned: a fork depth seen >= 2 times, unless a queued sibling forks past it"),
     Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth",
