@@ -19,7 +19,7 @@ MODEL = "qwen3.5-4b"
 
 
 def burst(ablate: bool = False, groups: int = 4, per_group: int = 3, overlap: bool = False,
-          continue_first: bool = False):
+          layout: str = "extra_buffer"):
     """(kit, rounds, first ready prefix per rid, system length) of an interleaved burst: every
     group's first request, then every group's second, ...; a budget of two requests."""
     G = model_grid(MODEL)
@@ -29,7 +29,7 @@ def burst(ablate: bool = False, groups: int = 4, per_group: int = 3, overlap: bo
     def rand(n: int) -> list[int]:
         return [rng.randrange(100, 200_000) for _ in range(n)]
 
-    kit = Kit(KitConfig(model=MODEL, layout="extra_buffer", tokens=2 * (system + question),
+    kit = Kit(KitConfig(model=MODEL, layout=layout, tokens=2 * (system + question),
                         overlap=overlap),
               policy="radixflow", radixflow_config=RadixFlowConfig(policy="radixflow",
                                                                    boundaries="learned"))
@@ -96,3 +96,16 @@ def test_a_shallow_fork_keeps_the_end_where_continuations_use_it(monkeypatch, co
     kit.drain()
     assert kit.runtime.boundary.moved["queued_fork"] == moved
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_no_buffer_cuts_the_first_at_the_fork_its_unvisited_siblings_share():
+    """no_buffer: the boundary is a cut (SGLang's one chunk slot; the rest runs next round),
+    priced as any undeclared cut (`cut_pays`), deferred for the slot (`boundary_slot`)."""
+    on, rounds_on, first_on, system = burst(layout="no_buffer")
+    _, rounds_off, first_off, _ = burst(ablate=True, layout="no_buffer")
+    followers = [f"g{g}r{i}" for g in range(4) for i in (1, 2)]
+    assert on.runtime.boundary.moved["queued_fork"] >= 3
+    assert sum(first_on[r] == 0 for r in followers) < sum(first_off[r] == 0 for r in followers)
+    assert (sum(sum(r.extend.values()) for r in rounds_on)
+            < sum(sum(r.extend.values()) for r in rounds_off))
+    assert on.leaks() == {"kv": 0, "rows": 0, "mamba": 0}

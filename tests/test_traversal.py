@@ -7,11 +7,13 @@ depths are computed from the model's grid and the shared length, never typed in.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
 import pytest
 
+from radixflow_sglang.config import RadixFlowConfig
 from radixflow_sglang.core.reasons import Reason, ablating
 from radixflow_sglang.testing.fixtures import NO_LEAK, coverage_errors, toks
 
@@ -367,14 +369,27 @@ def warm_and_queue(seed: int):
     return warm, queue, rng.choice([512, 1024, 2048, 4096]), rng.choice([4, 16, 64])
 
 
+# NOTE: the slot exception of the design's Proposition 2: a cut holds SGLang's one chunk slot,
+# and a request whose own cut would need it is deferred this round
+SLOT_DEFERRALS = {"boundary_slot", "fork_slot"}
+
+
+def slot_deferred(trace) -> set[str]:
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    return {e["rid"] for e in events if e["event"] == "defer" and e["reason"] in SLOT_DEFERRALS}
+
+
 @pytest.mark.parametrize("model, layout", CASES)
-def test_native_selection_minus_blocked_is_a_subset(make_kit, model, layout):
+def test_native_selection_minus_blocked_is_a_subset(make_kit, model, layout, tmp_path):
     blocked_seen = 0
     for seed in range(6):
         warm, queue, tokens, rows = warm_and_queue(seed)
         sel, blocked = {}, set()
+        trace = tmp_path / f"{seed}.jsonl"
         for policy in ("stock", "traversal"):
-            k = kit(make_kit, model, layout, policy, tokens=tokens, rows=rows)
+            cfg = {} if policy == "stock" else {
+                "radixflow_config": RadixFlowConfig(policy=policy, trace=str(trace))}
+            k = kit(make_kit, model, layout, policy, tokens=tokens, rows=rows, **cfg)
             for rid, ids in warm:  # the same cache state in both kits (no sharing: no waits)
                 k.submit(k.req(rid, ids))
                 k.drain()
@@ -385,7 +400,7 @@ def test_native_selection_minus_blocked_is_a_subset(make_kit, model, layout):
                 blocked = set(waits(k).rids())
                 assert k.runtime.stats.blocked == len(blocked)
         assert not blocked & sel["traversal"]
-        assert sel["stock"] - blocked <= sel["traversal"], seed
+        assert sel["stock"] - blocked - slot_deferred(trace) <= sel["traversal"], seed
         blocked_seen += len(blocked)
     assert blocked_seen > 0
 

@@ -362,9 +362,8 @@ class BoundaryPublisher:
         producer to the fork of each consumer it visits (`_apply_fork`); this serves those a
         full budget leaves unvisited (a burst: the budget fills with each group's first
         requests before their siblings are reached)."""
-        # NOTE: extra_buffer's move is free; no_buffer's is a cut (a round, the one chunk slot):
-        # tried, not landed (docs/notes/2026-12-queued-forks.md)
-        if self.grid.layout is not Layout.EXTRA_BUFFER or native is None:
+        if native is None or (self.grid.layout is Layout.NO_BUFFER and self._has_mark(
+                req, ns, prefix, extend, native)):
             return None
         tokens = req_tokens(req)
         left, siblings = budget_left(adder), 0
@@ -396,6 +395,14 @@ class BoundaryPublisher:
                 (req_len(q) - q.prefix_len for q in self._queue), initial=0))
         i, j = self._pos.get(req.rid, -1), self._pos.get(r.rid)
         return None if j is None or j < i else self._cum[j + 1] - self._cum[i + 1]
+
+    def _has_mark(self, req: Req, ns, prefix: int, extend: int, native: int) -> bool:
+        """no_buffer: a learned marker or piece lies in the extend, so a request that cuts
+        nothing at admission gets it as its mark (`_fork_mark`): the traversal's fork cut at
+        it serves the document's later questions too; a cut at the siblings' fork, made now,
+        would not (docs/notes/2026-12-queued-forks.md: the paper mix, 4 %)."""
+        return self.markers is not None and self._marker_target(
+            req, ns, prefix, extend, native, pieces=True) is not None
 
     def _queued_sharers(self, req: Req, tokens, ns) -> list[tuple[Req, int]]:
         """(request, the prefix it can match of `req`'s tokens) for the queued requests not

@@ -90,7 +90,7 @@ class Reason(StrEnum):
     NATIVE_BRANCH = "native_branch"  # its match carries SGLang's branching depth: keep it
     MARKER = "marker"  # a learned marker or template piece in its extend serves most (`place`)
     REPEAT = "repeat"  # its namespace repeats prompts: length - 1
-    QUEUED_FORK = "queued_fork"  # extra_buffer: queued requests the round cannot take fork from it
+    QUEUED_FORK = "queued_fork"  # queued requests the round cannot take fork from its extend
     LEARNED = "learned"  # a learned fork depth no queued sibling forks past
     NO_BOUNDARY = "no_boundary"  # none applies: SGLang's own publish depth
 
@@ -190,8 +190,8 @@ RULEBOOK: tuple[Rule, ...] = (
          "learned: a marker or template piece in its extend serves most (`place`)"),
     Rule(PLACE, Reason.REPEAT, Action.TARGET, "learned: its namespace repeats prompts: length - 1"),
     Rule(PLACE, Reason.QUEUED_FORK, Action.TARGET,
-         "extra_buffer: queued requests the round cannot take share its extend past its ready "
-         "prefix (known demand): where the one state serves most (`place`)"),
+         "queued requests the round cannot take share its extend past its ready prefix (known "
+         "demand): where the one state serves most (`place`; no_buffer: no marker in it)"),
     Rule(PLACE, Reason.LEARNED, Action.TARGET,
          "learned: a fork depth seen >= 2 times, unless a queued sibling forks past it"),
     Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth",
