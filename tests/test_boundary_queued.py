@@ -1,7 +1,8 @@
 """PLACE `queued_fork` (adapter/boundary.py `_queued_target`) on SGLang's real cache, pools, Req
-and scan (the kit): extra_buffer, nothing declared, a burst whose token budget fills with each
-group's first request before its siblings are visited. The first moves its one tracked state to
-the fork its queued siblings share; they resume there instead of recomputing the prefix."""
+and scan (the kit): nothing declared, a burst whose token budget fills with each group's first
+request before its siblings are visited. The first publishes at the fork its queued siblings
+share (extra_buffer: moves its one tracked state; no_buffer: cuts there); they resume there
+instead of recomputing the prefix."""
 
 from __future__ import annotations
 

@@ -171,7 +171,8 @@ class BoundaryPublisher:
         self._groups: dict[int, dict[tuple, int]] = {}  # depth -> key -> queued requests
         self._heads: dict[tuple, list] | None = None  # key at one grid step -> queued (a scan)
         self._pos: dict[str, int] = {}  # rid -> queue position (a scan)
-        self._cum: list[int] | None = None
+        self._cum: list[int] | None = None  # demand prefix sums of the queue (`_between`)
+        self._slot_keys: dict[tuple, None] = {}  # keys deferred for the slot this scan, in order
         self._serving: set[tuple] = set()  # keys published at their boundary this scan
         self._hashes: dict[tuple[str, int], tuple] = {}  # (rid, depth) -> key, across scans
         self._defers: dict[str, int] = {}  # rid -> rounds deferred
@@ -201,12 +202,12 @@ class BoundaryPublisher:
         self._queue_rids = {r.rid for r in self._queue}
         self._groups = {}
         self._heads = None
-        self._pos: dict[str, int] = {}
-        self._cum: list[int] | None = None  # demand prefix sums of the queue (`_reachable`)
+        self._pos = {}
+        self._cum = None
         self._serving = set()
         self._selected = set()
         self._fork_marks = {}
-        self._slot_keys: dict[tuple, None] = {}  # keys deferred for the slot this scan, in order
+        self._slot_keys = {}
         if len(self._hashes) > 8 * len(self._queue) + 4096:
             live = self._queue_rids
             self._hashes = {k: v for k, v in self._hashes.items() if k[0] in live}
@@ -373,10 +374,11 @@ class BoundaryPublisher:
             # NOTE: the round may reach and take it (the traversal's case): the demand queued
             # between them fits, less the other sharers between (Blocked by `req`, they park)
             reach = self._between(req, r)
-            if reach is not None and reach - siblings <= left:
+            if reach is not None:
+                reachable = reach - siblings <= left
                 siblings += need
-                continue
-            siblings += need if reach is not None else 0
+                if reachable:
+                    continue
             if overlap <= max(prefix, r.prefix_len):
                 continue  # NOTE: its own ready prefix reaches the fork: no state needed
             d = publish_at(self.grid, overlap, prefix, extend)
@@ -417,13 +419,13 @@ class BoundaryPublisher:
                 t = req_tokens(r)
                 if len(t) > g:
                     self._heads.setdefault(self._key_of(r, t, namespace(r), g), []).append(r)
-        out = []
+        out, mine = [], as_tokens(tokens)
         for r in self._heads.get(self._key_of(req, tokens, ns, g), ()):
             if r is req or r.rid in self._selected:
                 continue
             t = req_tokens(r)
             # NOTE: a request matches at most its length - 1 (SGLang keeps one token to run)
-            out.append((r, min(fast_lcp(as_tokens(t), as_tokens(tokens)), len(t) - 1)))
+            out.append((r, min(fast_lcp(as_tokens(t), mine), len(t) - 1)))
             if len(out) >= SHARERS:
                 break
         return out
@@ -629,20 +631,15 @@ class BoundaryPublisher:
         """Requests expected to reuse a state at `depth` (core/boundary.py `consumers`): its
         queued siblings, and future ones at the reuse share of `source`'s placements (a
         learned PLACE rule) or of boundary states (`usage`)."""
-        queued = self._queued_siblings(req, depth, key, adder)
-        # NOTE: SGLang's branching depth is the KV hit floored to the grid
-        b = req.mamba_branching_seqlen
-        rate = self.placed[source].exposed_rate if source in self.placed else self.usage.rate
-        return consumers(queued, b is not None and b >= depth // self.grid.size
-                         * self.grid.size, rate)
-
-    def _queued_siblings(self, req: Req, depth: int, key: tuple, adder) -> int:
-        """Queued requests sharing `req`'s prefix to `depth` (its key), not selected this scan
-        (itself and the siblings selected this scan excluded: they run now)."""
+        # NOTE: itself and its siblings selected this scan excluded (they run now)
         queued = self._groups_at(depth).get(key, 0) - 1
         queued -= sum(1 for r in adder.can_run_list
                       if r is not req and self._hashes.get((r.rid, depth)) == key)
-        return max(queued, 0)
+        # NOTE: SGLang's branching depth is the KV hit floored to the grid
+        b = req.mamba_branching_seqlen
+        rate = self.placed[source].exposed_rate if source in self.placed else self.usage.rate
+        return consumers(max(queued, 0), b is not None and b >= depth // self.grid.size
+                         * self.grid.size, rate)
 
     def _contested(self, depth: int, key: tuple, adder) -> bool:
         """Another group of >= 2 unselected queued requests wants a boundary at `depth`."""
