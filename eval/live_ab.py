@@ -38,10 +38,13 @@ principles one; free scans), `scans` (the same, each scan charged the CPU time i
 the traversal's visits cost the live server what they cost the twin's kit) and `calibrated`
 (eval/calibrate.py fitted on the first radixflow run's trace: alpha then holds the live
 round's whole wall cost, host work included; a decode step is charged the same alpha;
-skipped, with the reason, where the trace does not pin the model down). A bench_serving
-workload's twin declares no boundary (bench_serving sends none: the server learns them).
-Server flags pass through (--server-args, --overlap), so no_buffer vs extra_buffer is two
-invocations.
+skipped, with the reason, where the trace does not pin the model down) and, for a
+bench_serving workload, `live` (eval/livetwin.py: the default on the live radixflow run's
+registration stamps as arrivals, a burst's latencies counted from the send, and every loop
+iteration charged the live stock decode step's host time beyond the simulated forward).
+A bench_serving workload's twin declares no boundary (bench_serving sends none: the server
+learns them). Server flags pass through (--server-args, --overlap), so no_buffer vs
+extra_buffer is two invocations.
 """
 
 from __future__ import annotations
@@ -405,6 +408,28 @@ def twin_pair(segments, args: argparse.Namespace, cost, layout: str,
             "arms": preds, "layout": layout, "cost_model": cost.as_dict()}
 
 
+def live_twin(w: Workload, runs: Sequence[RunRecord], segs, args: argparse.Namespace, cost,
+              layout: str) -> dict[str, Any]:
+    """The twin on the live run's arrivals and loop host time (eval/livetwin.py)."""
+    from eval import livetwin
+
+    ref = next((r for r in runs if r.ok and r.arm == ARMS[1]), None)
+    stock = [Path(r.dir) for r in runs if r.ok and r.arm == ARMS[0]]
+    if ref is None or not stock:
+        return {"note": "not replayed: needs a successful stock and radixflow run"}
+    try:
+        facts = livetwin.LiveFacts(
+            livetwin.registrations(Path(ref.dir) / "trace.jsonl", w.shape.requests_of(w.bench)),
+            livetwin.median_itl_s(stock, w.bench), burst=w.name == "gsp-burst")
+        pred = livetwin.predict(segs, facts, args.model, args.overlap, args.seed, cost, layout,
+                                run_arms.TWIN_KEYS)
+    except (OSError, ValueError, RuntimeError) as e:
+        return {"note": f"not replayed: {e}"}
+    return {"ratios": ab_report.twin_ratios(pred["arms"][ARMS[0]], pred["arms"][ARMS[1]]),
+            "arms": pred["arms"], "layout": layout, "note": pred["note"],
+            "cost_model": livetwin.loop_cost(cost, pred["h_s"]).as_dict()}
+
+
 def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespace,
                   gpu: bool) -> dict[str, Any]:
     """{"default": ..., "scans": ..., "calibrated": ...}: the twin's ratios with the default
@@ -429,6 +454,8 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
                   else calibrated_cost(Path(ref.dir) / "trace.jsonl", args.overlap, default))
     out["calibrated"] = ({"note": note} if cost is None
                          else twin_pair(segs, args, cost, layout) | {"note": note})
+    if w.bench is not None:
+        out["live"] = live_twin(w, runs, segs, args, default, layout)
     for name, t in out.items():
         r = t.get("ratios") or {}
         print(f"[{w.name} twin {name}] mean e2e ratio {r.get('mean_e2e_ms')} "
