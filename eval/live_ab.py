@@ -40,8 +40,9 @@ the traversal's visits cost the live server what they cost the twin's kit) and `
 round's whole wall cost, host work included; a decode step is charged the same alpha;
 skipped, with the reason, where the trace does not pin the model down) and, for a
 bench_serving workload, `live` (eval/livetwin.py: the default on the live radixflow run's
-registration stamps as arrivals, a burst's latencies counted from the send, and every loop
-iteration charged the live stock decode step's host time beyond the simulated forward).
+registration stamps as arrivals, a burst's latencies counted from the send, the scans
+charged by eval/hostcost.py's `model`, and every loop iteration charged what the live stock
+decode period exceeds the twin's by).
 A bench_serving workload's twin declares no boundary (bench_serving sends none: the server
 learns them). Server flags pass through (--server-args, --overlap), so no_buffer vs
 extra_buffer is two invocations.
@@ -422,7 +423,7 @@ def live_twin(w: Workload, runs: Sequence[RunRecord], segs, args: argparse.Names
             livetwin.registrations(Path(ref.dir) / "trace.jsonl", w.shape.requests_of(w.bench)),
             livetwin.median_itl_s(stock, w.bench), burst=w.name == "gsp-burst")
         pred = livetwin.predict(segs, facts, args.model, args.overlap, args.seed, cost, layout,
-                                run_arms.TWIN_KEYS)
+                                run_arms.TWIN_KEYS, host_model("model"))
     except (OSError, ValueError, RuntimeError) as e:
         return {"note": f"not replayed: {e}"}
     return {"ratios": ab_report.twin_ratios(pred["arms"][ARMS[0]], pred["arms"][ARMS[1]]),

@@ -9,14 +9,16 @@ Two things about a live server on this box that the other twins (eval/live_ab.py
    i-th sent at the i-th stamp. A burst's latency and TTFT are counted from the send (t = 0,
    the first registration), as the client counts them; a paced request's from its arrival.
 2. The loop's per-iteration host work the twin leaves out (result processing, streaming to
-   the detokenizer, the decode step's batch preparation; eval/hostcost.py "Not modelled"):
-   h = the live stock runs' median inter-token latency minus the twin's median decode step
-   on the same requests, charged on every loop iteration (prefill alpha and decode
-   dec_alpha): it is what a live decode step costs beyond the simulated forward.
+   the detokenizer; eval/hostcost.py "Not modelled"): h = the live stock runs' median
+   inter-token latency minus the twin's median period between two decode launches on the
+   same requests, charged on every loop iteration (prefill alpha and decode dec_alpha).
+3. The scans' CPU time, with eval/hostcost.py's deterministic `model` (the twin's default):
+   without overlap (no_buffer) the traversal's visits are exposed on every prefill round, and
+   the live radixflow scans of a burst take 3-12 ms of wall for 20-60 visits.
 
-Both come from the live run's own files (trace.jsonl, bench-*.jsonl), so the prediction is
-deterministic given them. Neither is fitted on the ratio it predicts: stamps are the client's
-and the tokenizer's, h is read off stock's decode steps.
+All come from the live run's own files (trace.jsonl, bench-*.jsonl) and fixed models, so the
+prediction is deterministic given them. Nothing is fitted on the ratio it predicts: stamps are
+the client's and the tokenizer's, h is read off stock's decode steps.
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ class LiveFacts:
     itl_s: float  # the live stock runs' median inter-token latency
     burst: bool  # every request sent at t = 0
 
-    def note(self, h: float) -> str:
+    def note(self, h: float, host=None) -> str:
         return (f"{len(self.arrivals)} arrivals replayed from the live radixflow trace (spread "
                 f"{self.arrivals[-1] * 1e3:.0f} ms), loop host h = {h * 1e3:.2f} ms per "
                 f"iteration (live stock median ITL {self.itl_s * 1e3:.2f} ms minus the twin's "
-                "decode step)" + ("; latencies from the send (t = 0)" if self.burst else ""))
+                "decode period), scans "
+                + ("free" if host is None else f"charged ({host.source})")
+                + ("; latencies from the send (t = 0)" if self.burst else ""))
 
 
 def registrations(trace: Path, n: int) -> tuple[float, ...]:
@@ -102,39 +106,48 @@ def from_send(res, metrics: Mapping[str, Any]) -> dict[str, Any]:
                 latency_p99_s=float(np.percentile(lat, 99)), ttft_mean_s=float(ttft.mean()))
 
 
-def run_twin(segments, arm: str, model: str, overlap: bool, seed: int, cost, layout: str):
+def run_twin(segments, arm: str, model: str, overlap: bool, seed: int, cost, layout: str,
+             host=None):
     """One arm's twin ArmResult (raises on a failure: the caller records it)."""
     from eval.twin import run_arm
     from radixflow_sglang.config import RadixFlowConfig
 
     rf = None if arm == "stock" else RadixFlowConfig(policy=arm)
     res = run_arm(segments, model, arm, layout=layout, overlap=overlap, cost=cost, seed=seed,
-                  radixflow_config=rf)
+                  host=host, radixflow_config=rf)
     if res.error is not None:
         raise RuntimeError(f"{arm} twin failed: {res.error[:500]}")
     return res
 
 
-def decode_step_s(res) -> float:
-    return float(np.median([r.cost_s for r in res.decode_rounds])) if res.decode_rounds else 0.0
+def decode_period_s(res) -> float:
+    """The median period between two consecutive decode launches with no prefill between
+    them: what a client's inter-token latency measures of the loop."""
+    starts = sorted([(r.start_s, r.mode) for r in res.rounds]
+                    + [(r.start_s, r.mode) for r in res.decode_rounds])
+    gaps = [b[0] - a[0] for a, b in zip(starts, starts[1:], strict=False)
+            if a[1] == b[1] == "decode"]
+    return float(np.median(gaps)) if gaps else 0.0
 
 
 def predict(segments, facts: LiveFacts, model: str, overlap: bool, seed: int, cost,
-            layout: str, keys: Sequence[str]) -> dict[str, Any]:
+            layout: str, keys: Sequence[str], host=None) -> dict[str, Any]:
     """{"arms": {arm: figures}, "h_s": h, "note": ...}: the twin on the live arrivals, first
-    with `cost` to read its decode step, then with h added per iteration."""
+    with `cost` to read stock's decode period, then with h added per iteration (`host`: an
+    eval.hostcost.HostCost charging the scans, in both runs)."""
     segs = replay_arrivals(segments, facts.arrivals)
-    plain = run_twin(segs, ARMS[0], model, overlap, seed, cost, layout)
-    h = max(0.0, facts.itl_s - decode_step_s(plain))
+    plain = run_twin(segs, ARMS[0], model, overlap, seed, cost, layout, host)
+    h = max(0.0, facts.itl_s - decode_period_s(plain))
     charged = loop_cost(cost, h)
     arms = {}
     for arm in ARMS:
-        res = run_twin(segs, arm, model, overlap, seed, charged, layout)
+        res = run_twin(segs, arm, model, overlap, seed, charged, layout, host)
         m = from_send(res, res.metrics) if facts.burst else res.metrics
-        arms[arm] = ({"layout": layout, "cost_model": charged.source, "host": None}
+        arms[arm] = ({"layout": layout, "cost_model": charged.source,
+                      "host": None if host is None else host.source}
                      | {k: m.get(k) for k in keys} | {"wall_s": res.wall_s})
-    return {"arms": arms, "h_s": h, "note": facts.note(h)}
+    return {"arms": arms, "h_s": h, "note": facts.note(h, host)}
 
 
-__all__ = ["LiveFacts", "decode_step_s", "from_send", "loop_cost", "median_itl_s", "predict",
+__all__ = ["LiveFacts", "decode_period_s", "from_send", "loop_cost", "median_itl_s", "predict",
            "registrations", "replay_arrivals", "run_twin"]

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from eval import livetwin, run_arms
+from eval.hostcost import host_model
 from eval.requests import undeclared
 from eval.workload import workload
 
@@ -64,18 +65,21 @@ def test_replay_arrivals_in_send_order_and_refuses_what_it_cannot_map():
         livetwin.replay_arrivals(closed, [0.0, 0.0])
 
 
-def test_a_burst_at_zero_with_no_loop_host_is_the_default_twin():
-    """All stamps 0 and the live ITL equal to the twin's own decode step: h = 0, latencies
-    from the send = from the arrival, so `live` reproduces the default twin exactly."""
+@pytest.mark.parametrize("host", [None, "model"])
+def test_a_burst_at_zero_with_no_loop_host_is_the_default_twin(host):
+    """All stamps 0 and the live ITL equal to the twin's own decode period: h = 0, latencies
+    from the send = from the arrival, so `live` reproduces the default twin exactly (with the
+    same host model, if any)."""
     segs, cost = _gsp(), run_arms.twin_cost(MODEL, False)
-    plain = livetwin.run_twin(segs, "stock", MODEL, True, 0, cost, "extra_buffer")
-    facts = livetwin.LiveFacts((0.0,) * 4, livetwin.decode_step_s(plain), burst=True)
+    hc = host_model(host) if host else None
+    plain = livetwin.run_twin(segs, "stock", MODEL, True, 0, cost, "extra_buffer", hc)
+    facts = livetwin.LiveFacts((0.0,) * 4, livetwin.decode_period_s(plain), burst=True)
     got = livetwin.predict(segs, facts, MODEL, True, 0, cost, "extra_buffer",
-                           run_arms.TWIN_KEYS)
-    assert got["h_s"] == 0.0
+                           run_arms.TWIN_KEYS, hc)
+    assert got["h_s"] == 0.0 and ("free" if hc is None else "charged (fit") in got["note"]
     for arm in ("stock", "radixflow"):
         ref = run_arms.twin_prediction(run_arms.ArmSpec(arm, arm), segs, MODEL, True, 0, cost,
-                                       "extra_buffer")
+                                       "extra_buffer", hc)
         for k in ("latency_mean_s", "latency_p99_s", "ttft_mean_s", "rounds"):
             assert got["arms"][arm][k] == pytest.approx(ref[k]), (arm, k)
 
@@ -85,7 +89,7 @@ def test_the_trickle_and_the_loop_host_only_ever_add_latency():
     trickle = (0.0, 0.004, 0.008, 0.03)
 
     def step(arrivals):  # NOTE: the twin's own decode step on these arrivals: h = 0
-        return livetwin.decode_step_s(livetwin.run_twin(
+        return livetwin.decode_period_s(livetwin.run_twin(
             livetwin.replay_arrivals(segs, arrivals), "stock", MODEL, False, 0, cost,
             "no_buffer"))
 
