@@ -24,7 +24,7 @@ from typing import Any
 ARMS = ("stock", "radixflow")  # the A and B of every workload (fork: their fork arms)
 # NOTE: the twin's predictions (eval/live_ab.py), each with its plot marker and colour
 TWIN_MARKS = {"default": ("x", "tab:blue"), "scans": ("s", "tab:green"),
-              "calibrated": ("D", "tab:orange"), "live": ("^", "tab:red")}
+              "calibrated": ("D", "tab:orange"), "replay": ("^", "tab:red")}
 TWINS = tuple(TWIN_MARKS)
 # (key, label): what each run reports; None where the workload has no such figure
 METRICS = (("mean_e2e_ms", "mean e2e (ms)"), ("p99_e2e_ms", "p99 e2e (ms)"),

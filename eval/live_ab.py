@@ -39,7 +39,7 @@ the traversal's visits cost the live server what they cost the twin's kit) and `
 (eval/calibrate.py fitted on the first radixflow run's trace: alpha then holds the live
 round's whole wall cost, host work included; a decode step is charged the same alpha;
 skipped, with the reason, where the trace does not pin the model down) and, for a
-bench_serving workload, `live` (eval/livetwin.py: the default on the live radixflow run's
+bench_serving workload, `replay` (eval/livetwin.py: the default on the live radixflow run's
 registration stamps as arrivals, a burst's latencies counted from the send, the scans
 charged by eval/hostcost.py's `model`, and every loop iteration charged what the live stock
 decode period exceeds the twin's by).
@@ -456,7 +456,7 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
     out["calibrated"] = ({"note": note} if cost is None
                          else twin_pair(segs, args, cost, layout) | {"note": note})
     if w.bench is not None:
-        out["live"] = live_twin(w, runs, segs, args, default, layout)
+        out["replay"] = live_twin(w, runs, segs, args, default, layout)
     for name, t in out.items():
         r = t.get("ratios") or {}
         print(f"[{w.name} twin {name}] mean e2e ratio {r.get('mean_e2e_ms')} "

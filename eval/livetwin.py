@@ -1,4 +1,4 @@
-"""The `live` twin of eval/live_ab.py: the twin replays what the live run's client and loop did.
+"""The `replay` twin of eval/live_ab.py: the twin replays what the live run's client and loop did.
 
 Two things about a live server on this box that the other twins (eval/live_ab.py) do not know:
 

@@ -239,7 +239,7 @@ def test_live_ab_two_servers_one_repetition(tmp_path):
     assert scans["ratios"]["mean_e2e_ms"] is not None and "measured" in scans["note"]
     assert scans["arms"]["radixflow"]["host"].startswith("measured")
     assert "note" in entry["twin"]["calibrated"]
-    live = entry["twin"]["live"]  # NOTE: the live run's 4 arrivals and loop host replayed
+    live = entry["twin"]["replay"]  # NOTE: the live run's 4 arrivals and loop host replayed
     assert live["ratios"]["mean_e2e_ms"] is not None, live["note"]
     assert "4 arrivals replayed" in live["note"] and "ms per iteration" in live["note"]
     assert "twin (scans)" in (out / "report.md").read_text()

@@ -1,4 +1,4 @@
-"""The `live` twin (eval/livetwin.py): what it reads off a live run's files (registration
+"""The `replay` twin (eval/livetwin.py): what it reads off a live run's files (registration
 stamps, the stock runs' inter-token latency) and how it replays them (arrivals in send order,
 a burst's latency from the send, h per loop iteration)."""
 
@@ -68,7 +68,7 @@ def test_replay_arrivals_in_send_order_and_refuses_what_it_cannot_map():
 @pytest.mark.parametrize("host", [None, "model"])
 def test_a_burst_at_zero_with_no_loop_host_is_the_default_twin(host):
     """All stamps 0 and the live ITL equal to the twin's own decode period: h = 0, latencies
-    from the send = from the arrival, so `live` reproduces the default twin exactly (with the
+    from the send = from the arrival, so `replay` reproduces the default twin exactly (with the
     same host model, if any)."""
     segs, cost = _gsp(), run_arms.twin_cost(MODEL, False)
     hc = host_model(host) if host else None
