@@ -1,6 +1,6 @@
 """The `replay` twin of eval/live_ab.py: the twin replays what the live run's client and loop did.
 
-Two things about a live server on this box that the other twins (eval/live_ab.py) do not know:
+Three things about a live server on this box that the other twins (eval/live_ab.py) miss:
 
 1. Arrivals. bench_serving sends a burst at once, but the requests reach the scheduler over
    ~100 ms (the tokenizer runs on the same cores), so its first scans hold 1, 2, 4 requests,
