@@ -433,10 +433,10 @@ def live_twin(w: Workload, runs: Sequence[RunRecord], segs, args: argparse.Names
 
 def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespace,
                   gpu: bool) -> dict[str, Any]:
-    """{"default": ..., "scans": ..., "calibrated": ...}: the twin's ratios with the default
-    cost model (free scans; `scans`: each scan charged its CPU time measured here, as the
-    live server's scans take theirs) and with one fitted to the live trace (whose measured
-    periods hold the scans already)."""
+    """{"default": ..., "scans": ..., "calibrated": ..., "replay": ...}: the twin's ratios
+    with the default cost model (free scans; `scans`: each scan charged its CPU time measured
+    here, as the live server's scans take theirs), with one fitted to the live trace (whose
+    measured periods hold the scans already) and on the live run's arrivals and loop time."""
     if w.twin_segments is None:
         return {}
     ref = next((r for r in runs if r.ok and r.arm == ARMS[1]), None)
