@@ -107,3 +107,31 @@ def test_the_trickle_and_the_loop_host_only_ever_add_latency():
         # NOTE: a paced request's latency runs from its own arrival: the trickle does not count
         assert paced["arms"][arm]["latency_mean_s"] < spread["arms"][arm]["latency_mean_s"]
         assert "+ live loop host 2.00 ms" in dear["arms"][arm]["cost_model"]
+
+
+def test_live_ab_says_why_it_did_not_replay(tmp_path):
+    """No radixflow trace, or no stock run: the replay twin is a note naming why, never a
+    figure filled in."""
+    from eval import live_ab
+    from eval.ab_report import RunRecord
+
+    p = live_ab.build_parser()
+    args = p.parse_args(["--out", str(tmp_path), "--workloads", "gsp-burst", "--gsp-groups", "2",
+                         "--gsp-prompts-per-group", "2", "--gsp-system-len", "512",
+                         "--gsp-question-len", "16", "--output-len", "3"])
+    live_ab.check_args(p, args)
+    w = live_ab.make_workload("gsp-burst", args)
+    dirs = {a: tmp_path / f"bench-{a}" for a in ("stock", "radixflow")}
+    for d in dirs.values():
+        d.mkdir()
+    (dirs["stock"] / "bench-gsp.jsonl").write_text(json.dumps({"median_itl_ms": 8.0}) + "\n")
+    runs = [RunRecord("gsp-burst", a, 0, i, str(dirs[a]), {}) for i, a in enumerate(dirs)]
+    cost = run_arms.twin_cost(MODEL, False)
+    got = live_ab.live_twin(w, runs, w.twin_segments(), args, cost, "extra_buffer")
+    assert "ratios" not in got and got["note"].startswith("not replayed")
+    assert "trace.jsonl" in got["note"]
+    _trace(dirs["radixflow"] / "trace.jsonl", [0.0, 5.0, 5.01, 5.02, 5.03])
+    got = live_ab.live_twin(w, runs, w.twin_segments(), args, cost, "extra_buffer")
+    assert got["ratios"]["mean_e2e_ms"] is not None and "4 arrivals replayed" in got["note"]
+    got = live_ab.live_twin(w, runs[1:], w.twin_segments(), args, cost, "extra_buffer")
+    assert got == {"note": "not replayed: needs a successful stock and radixflow run"}
