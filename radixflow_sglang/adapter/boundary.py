@@ -410,25 +410,30 @@ class BoundaryPublisher:
         """(request, the prefix it can match of `req`'s tokens) for the queued requests not
         selected this scan that share `req`'s first grid step, at most SHARERS, in queue
         order (rank-identical)."""
-        g = self.grid.size
-        if len(tokens) <= g:
+        if len(tokens) <= self.grid.size:
             return []
-        if self._heads is None:
-            self._heads = {}
-            for r in self._queue:
-                t = req_tokens(r)
-                if len(t) > g:
-                    self._heads.setdefault(self._key_of(r, t, namespace(r), g), []).append(r)
         out, mine = [], as_tokens(tokens)
-        for r in self._heads.get(self._key_of(req, tokens, ns, g), ()):
-            if r is req or r.rid in self._selected:
-                continue
+        for r in self._head_sharers(req, tokens, ns):
             t = req_tokens(r)
             # NOTE: a request matches at most its length - 1 (SGLang keeps one token to run)
             out.append((r, min(fast_lcp(as_tokens(t), mine), len(t) - 1)))
             if len(out) >= SHARERS:
                 break
         return out
+
+    def _head_sharers(self, req: Req, tokens, ns):
+        """The queued requests, not `req` and not selected this scan, longer than one grid
+        step and sharing `req`'s first one (its namespace included), in queue order: one
+        index per scan instead of a pass over the queue per request."""
+        g = self.grid.size
+        if self._heads is None:
+            self._heads = {}
+            for r in self._queue:
+                t = req_tokens(r)
+                if len(t) > g:
+                    self._heads.setdefault(self._key_of(r, t, namespace(r), g), []).append(r)
+        return (r for r in self._heads.get(self._key_of(req, tokens, ns, g), ())
+                if r is not req and r.rid not in self._selected)
 
     # --- learned document ends (core/boundary.py MarkerLearner) ---------------------------------
     def _observe_fork(self, req: Req, tokens, tree, prefix: int, branching: int | None) -> None:
@@ -473,11 +478,12 @@ class BoundaryPublisher:
 
     def _sibling_depths(self, req: Req, tokens, ns, low: int) -> list[int]:
         """Common prefix with each queued request (not selected) that shares `low` tokens."""
-        out = []
+        # NOTE: sharing `low` >= one grid step, it shares the first: `_head_sharers` has it
+        pool = (self._head_sharers(req, tokens, ns) if low >= self.grid.size else
+                (r for r in self._queue if r is not req and r.rid not in self._selected))
         head = tokens[:low]
-        for r in self._queue:
-            if r is req or r.rid in self._selected:
-                continue
+        out = []
+        for r in pool:
             t = req_tokens(r)
             if len(t) > low and namespace(r) == ns and t[:low] == head:
                 out.append(fast_lcp(t, tokens))
