@@ -209,6 +209,9 @@ class Workload:
     specs: tuple[run_arms.ArmSpec, run_arms.ArmSpec] | None = None
     twin_segments: Callable[[], Any] | None = None
     twin_note: str = ""
+    # NOTE: the same segments with every fork declared (gsp): the replay twin's bound, what
+    # radixflow would do on the same arrivals and loop time knowing every fork from the start
+    twin_declared: Callable[[], Any] | None = None
 
 
 def gsp_shape(args: argparse.Namespace, rate: float) -> bench_arm.BenchShape:
@@ -216,15 +219,22 @@ def gsp_shape(args: argparse.Namespace, rate: float) -> bench_arm.BenchShape:
                                 args.gsp_question_len, args.output_len, rate, args.seed)
 
 
-def gsp_twin(args: argparse.Namespace, shape: bench_arm.BenchShape) -> Callable[[], Any]:
+def gsp_twin(args: argparse.Namespace, shape: bench_arm.BenchShape,
+             declared: bool = False) -> Callable[[], Any]:
     """The twin's gsp: the same shape and rate (its own prompts and Poisson draws), with no
-    declared boundary: bench_serving sends none, so the live server learns them."""
+    declared boundary: bench_serving sends none, so the live server learns them (`declared`:
+    every fork declared, the bound of what learning them could reach)."""
     from eval.requests import undeclared
     from eval.workload import workload
 
     keys = ("groups", "prompts_per_group", "system_len", "question_len", "output_len")
-    return lambda: undeclared(workload("gsp", args.model, rate=shape.rate, seed=args.seed,
-                                       **{k: getattr(shape, k) for k in keys}))
+
+    def segments():
+        segs = workload("gsp", args.model, rate=shape.rate, seed=args.seed,
+                        **{k: getattr(shape, k) for k in keys})
+        return segs if declared else undeclared(segs)
+
+    return segments
 
 
 def make_workload(name: str, args: argparse.Namespace) -> Workload:
@@ -236,7 +246,8 @@ def make_workload(name: str, args: argparse.Namespace) -> Workload:
                         f"{shape.prompts_per_group}, {shape.system_len} + {shape.question_len} "
                         f"tokens, {shape.output_len} out, "
                         + ("burst" if math.isinf(rate) else f"{rate:g} req/s Poisson"),
-                        bench="gsp", shape=shape, twin_segments=gsp_twin(args, shape))
+                        bench="gsp", shape=shape, twin_segments=gsp_twin(args, shape),
+                        twin_declared=gsp_twin(args, shape, declared=True))
     spec = args.trace_spec
     if name == "mooncake":
         shape = replace(gsp_shape(args, math.inf), trace_file=spec.file,
@@ -411,7 +422,10 @@ def twin_pair(segments, args: argparse.Namespace, cost, layout: str,
 
 def live_twin(w: Workload, runs: Sequence[RunRecord], segs, args: argparse.Namespace, cost,
               layout: str) -> dict[str, Any]:
-    """The twin on the live run's arrivals and loop host time (eval/livetwin.py)."""
+    """The twin on the live run's arrivals and loop host time (eval/livetwin.py); where the
+    workload can declare its forks (gsp), again with every fork declared ("declared"): what
+    knowing each fork from the first request would reach on the same arrivals and loop time,
+    the bound of the learned boundaries (and of any target set for them)."""
     from eval import livetwin
 
     ref = next((r for r in runs if r.ok and r.arm == ARMS[1]), None)
@@ -422,13 +436,26 @@ def live_twin(w: Workload, runs: Sequence[RunRecord], segs, args: argparse.Names
         facts = livetwin.LiveFacts(
             livetwin.registrations(Path(ref.dir) / "trace.jsonl", w.shape.requests_of(w.bench)),
             livetwin.median_itl_s(stock, w.bench), burst=w.name == "gsp-burst")
-        pred = livetwin.predict(segs, facts, args.model, args.overlap, args.seed, cost, layout,
-                                run_arms.TWIN_KEYS, host_model("model"))
+        preds = [livetwin.predict(ss, facts, args.model, args.overlap, args.seed, cost, layout,
+                                  run_arms.TWIN_KEYS, host_model("model"))
+                 for ss in (segs, w.twin_declared and w.twin_declared()) if ss is not None]
     except (OSError, ValueError, RuntimeError) as e:
         return {"note": f"not replayed: {e}"}
-    return {"ratios": ab_report.twin_ratios(pred["arms"][ARMS[0]], pred["arms"][ARMS[1]]),
-            "arms": pred["arms"], "layout": layout, "note": pred["note"],
-            "cost_model": livetwin.loop_cost(cost, pred["h_s"]).as_dict()}
+    pred, ratios = preds[0], [ab_report.twin_ratios(p["arms"][ARMS[0]], p["arms"][ARMS[1]])
+                              for p in preds]
+    out = {"ratios": ratios[0], "arms": pred["arms"], "layout": layout, "note": pred["note"],
+           "cost_model": livetwin.loop_cost(cost, pred["h_s"]).as_dict()}
+    if len(preds) > 1:
+        out["declared"] = {"ratios": ratios[1], "arms": preds[1]["arms"]}
+        out["note"] += "; " + declared_note(ratios[1])
+    return out
+
+
+def declared_note(r: dict[str, Any]) -> str:
+    cells = ", ".join(f"{label} {'-' if r[k] is None else format(r[k], '.3f') + 'x'}"
+                      for label, k in (("mean e2e", "mean_e2e_ms"), ("p99", "p99_e2e_ms"),
+                                       ("prefill tokens", "prefill_tokens")))
+    return f"every fork declared (the bound of learning them, same arrivals and h): {cells}"
 
 
 def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespace,

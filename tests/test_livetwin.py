@@ -135,3 +135,35 @@ def test_live_ab_says_why_it_did_not_replay(tmp_path):
     assert got["ratios"]["mean_e2e_ms"] is not None and "4 arrivals replayed" in got["note"]
     got = live_ab.live_twin(w, runs[1:], w.twin_segments(), args, cost, "extra_buffer")
     assert got == {"note": "not replayed: needs a successful stock and radixflow run"}
+
+
+def test_live_ab_bounds_the_learned_forks_with_every_fork_declared(tmp_path):
+    """gsp: the replay twin also runs with every fork declared, on the same arrivals and loop
+    time, against the same stock (which reads no declaration); knowing the forks from the first
+    request never computes more prefill than learning them."""
+    from eval import live_ab
+    from eval.ab_report import RunRecord
+
+    p = live_ab.build_parser()
+    args = p.parse_args(["--out", str(tmp_path), "--workloads", "gsp-burst", "--gsp-groups", "3",
+                         "--gsp-prompts-per-group", "3", "--gsp-system-len", "700",
+                         "--gsp-question-len", "16", "--output-len", "3"])
+    live_ab.check_args(p, args)
+    w = live_ab.make_workload("gsp-burst", args)
+    dirs = {a: tmp_path / f"bench-{a}" for a in ("stock", "radixflow")}
+    for d in dirs.values():
+        d.mkdir()
+    (dirs["stock"] / "bench-gsp.jsonl").write_text(json.dumps({"median_itl_ms": 8.0}) + "\n")
+    _trace(dirs["radixflow"] / "trace.jsonl", [0.0] + [5.0 + 0.001 * i for i in range(9)])
+    runs = [RunRecord("gsp-burst", a, 0, i, str(dirs[a]), {}) for i, a in enumerate(dirs)]
+    cost = run_arms.twin_cost(MODEL, False)
+    got = live_ab.live_twin(w, runs, w.twin_segments(), args, cost, "extra_buffer")
+    bound = got["declared"]
+    assert "every fork declared" in got["note"]
+    assert f"{bound['ratios']['mean_e2e_ms']:.3f}x" in got["note"]
+    same = [k for k in got["arms"]["stock"] if k != "wall_s"]  # NOTE: the twin's own run time
+    assert [bound["arms"]["stock"][k] for k in same] == [got["arms"]["stock"][k] for k in same]
+    learned, declared = (t["arms"]["radixflow"]["scheduled_tokens"] for t in (got, bound))
+    assert declared <= learned
+    assert bound["arms"]["radixflow"]["scheduled_tokens"] < bound["arms"]["stock"][
+        "scheduled_tokens"]
