@@ -136,6 +136,21 @@ def test_learner_moves_to_a_fork_depth_only_when_it_serves_more():
         BoundaryLearner(64, rule="best")
 
 
+
+def test_the_default_learner_moves_from_the_first_fork_but_not_over_continuations():
+    """One fork is enough (docs/notes/2026-12-first-fork.md): under shuffled arrivals most
+    groups' first members run before a second fork is seen. Continuations still weigh."""
+    lr = BoundaryLearner(64)
+    lr.observe("ns", 0, None, 2048)
+    assert lr.predict("ns", 0, 2112) == 2048 and lr.predict("other", 0, 2112) is None
+    for i in range(2):
+        lr.published(("end", i), "end")
+        lr.observe("ns", 2112, ("end", i), None)
+    assert lr.predict("ns", 0, 2112) == 2048  # 2048 * 1 > 64 * 2: the tail is cheap
+    assert lr.predict("ns", 0, 6144) is None  # 2048 * 1 < 4096 * 2: the end serves more
+    lr.observe("ns", 1023, ("r", 0), None, repeat=True)
+    assert not lr.repeat_wins("ns", 0, 1024, 1023)  # NOTE: a retry is one repeat: below two
+
 # --- declared: the request field (kit) ----------------------------------------------------------
 
 

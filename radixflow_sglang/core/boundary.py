@@ -210,7 +210,12 @@ class BoundaryLearner:
 
     grid: int
     window: int = 256  # events kept per namespace (recent traffic)
-    support: int = 2  # a fork depth must have been seen this often to be learned
+    # NOTE: a fork depth seen this often is learned. One: under shuffled arrivals the second
+    # fork came after most groups' first member had published at its end (docs/notes/
+    # 2026-12-first-fork.md); a wrong move is weighed by the optimal rule's continuations,
+    # and a cut that costs a round must pay (`UsageRate`)
+    support: int = 1
+    repeat_support: int = 2  # repeats seen before `repeat_wins` moves a state (a retry is one)
     rule: str = "optimal"
     namespaces: int = 1024  # namespaces kept (least recently observed dropped)
     keys: int = 16_384  # publication records kept
@@ -302,7 +307,7 @@ class BoundaryLearner:
     def repeat_wins(self, namespace: Hashable, prefix: int, native: int | None,
                     depth: int) -> bool:
         """Move this extend's one state from `native` to `depth` (its prompt's length - 1,
-        floored) for identical copies to come? The namespace has seen `support` repeats
+        floored) for identical copies to come? The namespace has seen `repeat_support` repeats
         and, as `predict`'s optimal rule weighs forks, repeats x (depth - prefix) beat the
         continuations that would resume at `native` x (native - depth)."""
         q = self._events.get(namespace)
@@ -310,7 +315,8 @@ class BoundaryLearner:
             return False
         repeats = sum(1 for _, k in q if k == REPEAT)
         conts = sum(1 for _, k in q if k == CONTINUATION)
-        return repeats >= self.support and repeats * (depth - prefix) > conts * (native - depth)
+        return (repeats >= self.repeat_support
+                and repeats * (depth - prefix) > conts * (native - depth))
 
 
 # --- learned document ends: the text after which different requests diverge ----------------

@@ -193,7 +193,7 @@ RULEBOOK: tuple[Rule, ...] = (
          "queued requests the round cannot take share its extend past its ready prefix (known "
          "demand): where the one state serves most (`place`; no_buffer: no marker in it)"),
     Rule(PLACE, Reason.LEARNED, Action.TARGET,
-         "learned: a fork depth seen >= 2 times, unless a queued sibling forks past it"),
+         "learned: a fork depth seen in its namespace, unless a queued sibling forks past it"),
     Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth",
          default=True),
     Rule(PUBLISH, Reason.OUTSIDE, Action.NATIVE,
