@@ -109,23 +109,31 @@ def test_the_trickle_and_the_loop_host_only_ever_add_latency():
         assert "+ live loop host 2.00 ms" in dear["arms"][arm]["cost_model"]
 
 
-def test_live_ab_says_why_it_did_not_replay(tmp_path):
-    """No radixflow trace, or no stock run: the replay twin is a note naming why, never a
-    figure filled in."""
+def _live_gsp(tmp_path, per: int, system_len: int):
+    """live_ab's gsp-burst of `per` x `per` requests, a stock run's ITL and no trace yet: (the
+    workload, its args, the run directories, the runs)."""
     from eval import live_ab
     from eval.ab_report import RunRecord
 
     p = live_ab.build_parser()
-    args = p.parse_args(["--out", str(tmp_path), "--workloads", "gsp-burst", "--gsp-groups", "2",
-                         "--gsp-prompts-per-group", "2", "--gsp-system-len", "512",
-                         "--gsp-question-len", "16", "--output-len", "3"])
+    args = p.parse_args(["--out", str(tmp_path), "--workloads", "gsp-burst", "--gsp-groups",
+                         str(per), "--gsp-prompts-per-group", str(per), "--gsp-system-len",
+                         str(system_len), "--gsp-question-len", "16", "--output-len", "3"])
     live_ab.check_args(p, args)
-    w = live_ab.make_workload("gsp-burst", args)
     dirs = {a: tmp_path / f"bench-{a}" for a in ("stock", "radixflow")}
     for d in dirs.values():
         d.mkdir()
     (dirs["stock"] / "bench-gsp.jsonl").write_text(json.dumps({"median_itl_ms": 8.0}) + "\n")
     runs = [RunRecord("gsp-burst", a, 0, i, str(dirs[a]), {}) for i, a in enumerate(dirs)]
+    return live_ab.make_workload("gsp-burst", args), args, dirs, runs
+
+
+def test_live_ab_says_why_it_did_not_replay(tmp_path):
+    """No radixflow trace, or no stock run: the replay twin is a note naming why, never a
+    figure filled in."""
+    from eval import live_ab
+
+    w, args, dirs, runs = _live_gsp(tmp_path, 2, 512)
     cost = run_arms.twin_cost(MODEL, False)
     got = live_ab.live_twin(w, runs, w.twin_segments(), args, cost, "extra_buffer")
     assert "ratios" not in got and got["note"].startswith("not replayed")
@@ -142,20 +150,9 @@ def test_live_ab_bounds_the_learned_forks_with_every_fork_declared(tmp_path):
     time, against the same stock (which reads no declaration); knowing the forks from the first
     request never computes more prefill than learning them."""
     from eval import live_ab
-    from eval.ab_report import RunRecord
 
-    p = live_ab.build_parser()
-    args = p.parse_args(["--out", str(tmp_path), "--workloads", "gsp-burst", "--gsp-groups", "3",
-                         "--gsp-prompts-per-group", "3", "--gsp-system-len", "700",
-                         "--gsp-question-len", "16", "--output-len", "3"])
-    live_ab.check_args(p, args)
-    w = live_ab.make_workload("gsp-burst", args)
-    dirs = {a: tmp_path / f"bench-{a}" for a in ("stock", "radixflow")}
-    for d in dirs.values():
-        d.mkdir()
-    (dirs["stock"] / "bench-gsp.jsonl").write_text(json.dumps({"median_itl_ms": 8.0}) + "\n")
+    w, args, dirs, runs = _live_gsp(tmp_path, 3, 700)
     _trace(dirs["radixflow"] / "trace.jsonl", [0.0] + [5.0 + 0.001 * i for i in range(9)])
-    runs = [RunRecord("gsp-burst", a, 0, i, str(dirs[a]), {}) for i, a in enumerate(dirs)]
     cost = run_arms.twin_cost(MODEL, False)
     got = live_ab.live_twin(w, runs, w.twin_segments(), args, cost, "extra_buffer")
     bound = got["declared"]
@@ -165,5 +162,4 @@ def test_live_ab_bounds_the_learned_forks_with_every_fork_declared(tmp_path):
     assert [bound["arms"]["stock"][k] for k in same] == [got["arms"]["stock"][k] for k in same]
     learned, declared = (t["arms"]["radixflow"]["scheduled_tokens"] for t in (got, bound))
     assert declared <= learned
-    assert bound["arms"]["radixflow"]["scheduled_tokens"] < bound["arms"]["stock"][
-        "scheduled_tokens"]
+    assert declared < bound["arms"]["stock"]["scheduled_tokens"]
