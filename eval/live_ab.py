@@ -436,9 +436,9 @@ def live_twin(w: Workload, runs: Sequence[RunRecord], segs, args: argparse.Names
         facts = livetwin.LiveFacts(
             livetwin.registrations(Path(ref.dir) / "trace.jsonl", w.shape.requests_of(w.bench)),
             livetwin.median_itl_s(stock, w.bench), burst=w.name == "gsp-burst")
+        variants = [segs] + ([w.twin_declared()] if w.twin_declared is not None else [])
         preds = [livetwin.predict(ss, facts, args.model, args.overlap, args.seed, cost, layout,
-                                  run_arms.TWIN_KEYS, host_model("model"))
-                 for ss in (segs, w.twin_declared and w.twin_declared()) if ss is not None]
+                                  run_arms.TWIN_KEYS, host_model("model")) for ss in variants]
     except (OSError, ValueError, RuntimeError) as e:
         return {"note": f"not replayed: {e}"}
     pred, ratios = preds[0], [ab_report.twin_ratios(p["arms"][ARMS[0]], p["arms"][ARMS[1]])
