@@ -797,18 +797,50 @@ if __name__ == "__main__":
     figures()
 
 
+def _runs_by_scan(a: tuple, b: tuple, k: int) -> list | None:
+    """`common_runs` token by token over every position pair (the reference)."""
+    runs = []
+    for j in range(len(b) - k + 1):
+        for i in range(len(a) - k + 1):
+            if a[i:i + k] != b[j:j + k] or (i and j and a[i - 1] == b[j - 1]):
+                continue
+            if i == 0 or j == 0:
+                return None
+            n = k
+            while i + n < len(a) and j + n < len(b) and a[i + n] == b[j + n]:
+                n += 1
+            if i + n < len(a) and j + n < len(b):
+                runs.append(a[i:i + n])
+    return runs
+
+
+def _shared_end_by_scan(a: tuple, b: tuple, k: int) -> int | None:
+    """`shared_run_end` token by token over every position pair (the reference)."""
+    best, at = 0, None
+    for j in range(len(b) - k + 1):
+        for i in range(len(a) - k + 1):
+            if (i and j) or a[i:i + k] != b[j:j + k]:
+                continue
+            n = k
+            while i + n < len(a) and j + n < len(b) and a[i + n] == b[j + n]:
+                n += 1
+            if i + n < len(a) and j + n < len(b) and n > best:
+                best, at = n, i + n
+    return at
+
+
 def _infer_by_scan(ml: MarkerLearner, tokens, namespace=None) -> list:
-    """`MarkerLearner.infer` without its k-gram prechecks: every kept tail scanned by
-    `common_runs` (the reference its shortcuts must equal)."""
+    """`MarkerLearner.infer` without its k-gram prechecks and indexes: every kept tail scanned
+    token by token (the reference its shortcuts must equal)."""
     tail = tuple(tokens[-ml.window:])
     if len(tail) <= ml.min_len or tail in ml._tails:
         return []
-    index, pairs = _kgram_index(tail, ml.min_len), []
+    pairs = []
     for old, space in zip(reversed(ml._tails), reversed(ml._spaces), strict=True):
-        runs = common_runs(tail, old, ml.min_len, index)
+        runs = _runs_by_scan(tail, old, ml.min_len)
         if runs is None:
             if namespace is not None and space is not None and space != namespace:
-                fork = shared_run_end(tail, old, ml.min_len, index)
+                fork = _shared_end_by_scan(tail, old, ml.min_len)
                 if fork is not None:
                     return [ml._merge_suffix(ml.pieces, tail[max(0, fork - ml.span):fork])]
             return []
@@ -816,8 +848,9 @@ def _infer_by_scan(ml: MarkerLearner, tokens, namespace=None) -> list:
     ml._tails.append(tail)
     ml._spaces.append(namespace)
     ml._grams.append(frozenset())  # NOTE: unread here; kept aligned with the tails
+    ml._index.append(None)
     if len(ml._tails) > ml.keep:
-        ml._tails.popleft(), ml._spaces.popleft(), ml._grams.popleft()
+        ml._tails.popleft(), ml._spaces.popleft(), ml._grams.popleft(), ml._index.popleft()
     touched: list = []
     for runs in pairs:
         seen: set[int] = set()
@@ -850,3 +883,22 @@ def test_infer_prechecks_equal_the_full_scan(seed):
             (m.tokens, m.support) for m in slow.pieces]
         assert list(fast._tails) == list(slow._tails)
     assert fast.pieces  # NOTE: the stream taught pieces: the comparison covered runs
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_runs_over_the_common_kgrams_equal_the_pass_over_the_tail(seed):
+    """`common_runs` (with or without both k-gram indexes and the common k-grams: what `infer`
+    passes) and `shared_run_end` answer as the token-by-token scan of every position pair."""
+    rng = random.Random(seed)
+    answers = set()
+    for _ in range(300):
+        a, b = (tuple(rng.randrange(0, 5) for _ in range(rng.randrange(3, 60)))
+                for _ in range(2))
+        ia, ib = _kgram_index(a, 3), _kgram_index(b, 3)
+        common = frozenset(ia) & frozenset(ib)
+        want = _runs_by_scan(a, b, 3)
+        assert common_runs(a, b, 3) == want
+        assert common_runs(a, b, 3, ia, ib, common) == want
+        assert shared_run_end(a, b, 3) == _shared_end_by_scan(a, b, 3)
+        answers.add("none" if want is None else len(want))
+    assert {"none", 0, 1, 2} <= answers  # NOTE: related, unrelated and runs all exercised
