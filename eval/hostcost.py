@@ -19,7 +19,11 @@ process CPU time per scan is this machine's measurement of that work.
 Where it goes (testing/loop.py): a round is ready to launch `h` seconds after its scan; without
 overlap that adds to the round, with overlap it hides behind the forward still running (SGLang's
 overlap loop scans batch N+1 while batch N computes). A decode step is charged the arm's `h`
-with no rows (its scan ran and admitted nothing; eval/twin.py `_decode_host`).
+with no rows (a prefill scan's fixed time, which includes the prefill's batch preparation; the
+kit measures a decode step's scan at about a third of it), or, where a HostCost has `decode`
+coefficients (the fit measures them; DEFAULT_HOST has none, see its NOTE), those: s0 + s2 *
+running rows, the arms alike (the scan visits no request), plus what the arm's scan spent on
+the requests it visited, if any.
 
 No double count with eval/costmodel.py. Its alpha ("fixed per-forward overhead: launches, the
 scheduler's own scan and batch preparation, ...") and gamma (per-row bookkeeping) describe a
@@ -43,7 +47,10 @@ stock's model, so its scan is never modelled cheaper than stock's on the same vi
 stock's ~0). They are an assumption about the host, like alpha is about the GPU (measured on
 this project's 2-core CPU machine: see DEFAULT_HOST). `measured` uses each scan's measured CPU
 time instead (not deterministic: for studies, not for figures). eval/bench_scan.py compares the
-scans side by side on synthetic queues (interleaved, medians). """
+scans side by side on synthetic queues (interleaved, medians). Decode steps (the paper
+workload generates one token: it has none): gsp at 8 req/s (16 groups x 4, 2,048 + 64 tokens,
+16 out, qwen3.5-0.8b, `DECODE_SET`) replayed the same way, stock's decode steps fitted on
+(1, running rows). """
 
 from __future__ import annotations
 
@@ -75,6 +82,10 @@ class HostCost:
     # NOTE: a quiet scan (core/cost.py `never_waits`): SGLang's scan plus the boundary
     # publisher's work, the traversal's hooks off; None: charged as the native scan
     quiet: HostCoef | None = None
+    # NOTE: a decode step's scan, the arms alike (SGLang's get_next_batch_to_run finding no
+    # prefill: the last batch merged, the running batch updated; s0 per step, s2 per running
+    # row); None: charged as a prefill scan that admitted nothing (the arm's s0)
+    decode: HostCoef | None = None
 
     def for_policy(self, policy: str) -> HostCoef:
         return self.traversal if _traverses(policy) else self.native
@@ -92,10 +103,16 @@ class HostCost:
             # its scan hooks' work; a quiet scan ran SGLang's own code with the hooks off,
             # core/cost.py `never_waits`)
             visited = scan_visited(scan)
-            c = coef if visited or rnd.rids else self.native
+            decode = getattr(rnd, "mode", "prefill") == "decode"
+            rows = 0 if decode else len(rnd.rids)
+            c = coef if visited or rows else self.native
             if getattr(scan, "quiet", False) and c is self.traversal:
                 c = self.quiet or self.native
-            return c(visited, len(rnd.rids), getattr(scan, "probed", 0) or 0)
+            h = c(visited, rows, getattr(scan, "probed", 0) or 0)
+            if decode and self.decode is not None:
+                # NOTE: its own scan, plus what the arm's loop spent on the requests it visited
+                return self.decode(0, len(rnd.rids)) + max(0.0, h - self.native(0, 0))
+            return h
 
         return host
 
@@ -133,6 +150,13 @@ def _traverses(policy: str) -> bool:
 # round. Earlier fits (heavier load, ~12): stock 1.379 ms + 0.486 ms/row, the traversal
 # +0.204 ms/row +0.742 ms/probe; absolute times move with the machine's load, the side-by-side
 # excess is the finding.
+# NOTE: decode steps keep the old charge (`decode` None: the prefill scan's fixed 0.725 ms).
+# The fit measures them (2026-12-05, quiet machine, three fits): 0.121-0.122 ms + 0.004-0.0055
+# ms per running row where its prefill scan fitted 0.302-0.357 ms fixed, i.e. a third of that
+# here (0.270 ms). Charged so, the twin's decode-bearing figures move (Mooncake full trace mean
+# 0.9992 -> 0.9946, p95 1.0018 -> 1.0003; gsp 8 req/s 4B seed 3 p95 0.79 -> 1.25 as stock's
+# tail moves by 10 % steps of that charge): not adopted until those moves are understood
+# (docs/notes/2026-12-first-fork.md, "What it does not do").
 DEFAULT_HOST = HostCost(
     native=HostCoef(s0=0.725e-3, s1=0.0, s2=3.26e-4),
     traversal=HostCoef(s0=0.784e-3, s1=0.0, s2=4.44e-4, s3=4.02e-4),

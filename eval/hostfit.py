@@ -37,11 +37,11 @@ class Rounds:
         return [statistics.median(col) for col in zip(*self.cpu, strict=True)]
 
 
-def record(segs: Any, model: str, policies: tuple[str, ...], repeats: int
-           ) -> dict[str, Rounds]:
+def record(segs: Any, model: str, policies: tuple[str, ...], repeats: int,
+           mode: str = "prefill") -> dict[str, Rounds]:
     """Replay `segs` `repeats` times per policy, interleaved (a load drift hits every arm
     alike), recording each launched prefill round's (visited, rows, probed) and scan CPU
-    time."""
+    time; `mode` "decode": each decode step's (visited, running rows, 0) instead."""
     from eval import twin
 
     out: dict[str, Rounds] = {}
@@ -50,8 +50,8 @@ def record(segs: Any, model: str, policies: tuple[str, ...], repeats: int
             rec: list[tuple[int, int, int, bool, float]] = []
 
             def host(rnd: Any, scan: Any, rec: list = rec) -> float:
-                if getattr(rnd, "mode", "prefill") == "prefill" and rnd.rids:
-                    rec.append((scan_visited(scan), len(rnd.rids), scan.probed,
+                if getattr(rnd, "mode", "prefill") == mode and rnd.rids:
+                    rec.append((scan_visited(scan), len(rnd.rids), scan.probed or 0,
                                 bool(getattr(scan, "quiet", False)), scan.cpu_s))
                 return 0.0
 
@@ -102,6 +102,21 @@ def fit_rounds(rounds: dict[str, Rounds], native: str = "stock", traversal: str 
 # NOTE: the paper workload (probes: the rule waits) and the 0.8B's RACE (the rule recomputes
 # every Blocked branch, unprobed): rounds with and without probes, so s3 and s1 separate.
 FIT_SETS = (("mix", "qwen3.5-4b"), ("race", "qwen3.5-0.8b"))
+# NOTE: decode steps (the paper's branches generate one token: none there): gsp's 16 tokens out
+DECODE_SET = ("gsp", "qwen3.5-0.8b", {"groups": 16, "prompts_per_group": 4, "system_len": 2048,
+                                      "question_len": 64, "output_len": 16, "rate": 8.0})
+
+
+def fit_decode(repeats: int, data_dir: str | None = None) -> HostCoef:
+    """A decode step's scan: stock's decode steps (its code runs in both arms: the step visits
+    no request) on (1, running rows)."""
+    from eval.workload import workload
+
+    name, model, shape = DECODE_SET
+    segs = workload(name, model, seed=0, data_dir=data_dir, **shape)
+    r = record(segs, model, ("stock",), repeats, mode="decode")["stock"]
+    c = robust_fit([x[:2] for x in r.x], r.medians())
+    return HostCoef(c.s0, 0.0, c.s2)
 
 
 def fit(sets: tuple[tuple[str, str], ...] = FIT_SETS, questions: int = 10,
@@ -122,6 +137,7 @@ def fit(sets: tuple[tuple[str, str], ...] = FIT_SETS, questions: int = 10,
                                                                      strict=True)],
                                  old.quiet + r.quiet)
     native, trav, quiet = fit_rounds(rounds)
+    decode = fit_decode(repeats, data_dir)
     if verbose:
         for pol, r in rounds.items():
             med = r.medians()
@@ -137,10 +153,12 @@ def fit(sets: tuple[tuple[str, str], ...] = FIT_SETS, questions: int = 10,
             r = rounds[pol]
             model_ms = statistics.fmean(coef(*x) for x in r.x) * 1e3
             print(f"{pol}: modelled mean {model_ms:.2f} ms per round", file=sys.stderr)
+        print(f"decode: {decode.s0 * 1e3:.3f} ms + {decode.s2 * 1e3:.4f} ms per running row",
+              file=sys.stderr)
     names = "+".join(f"{n}/{m}" for n, m in sets)
     return HostCost(native, trav, source=f"fit:kit-scan-cpu {names} q{questions} "
-                    f"x{repeats} median huber stock+excess>=0 probe-term quiet-apart",
-                    quiet=quiet)
+                    f"x{repeats} median huber stock+excess>=0 probe-term quiet-apart "
+                    f"decode:{DECODE_SET[0]}/{DECODE_SET[1]}", quiet=quiet, decode=decode)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,8 +21,9 @@ In short:
   kit runs SGLang's real running batch, so a step is a prefill batch when one forms, else one
   decode step of the running batch (`DecodeRound`), which takes `cost.decode` GPU time
   (eval/costmodel.py, "Decode steps"); with a host model a decode step is charged the scan's
-  fixed host time (no per-row batch preparation). `max_new_tokens=0` is SGLang's prefill-only
-  request. The paper's branches generate one token: no decode step at all.
+  fixed host time (no per-row batch preparation; eval/hostcost.py `HostCost.decode`).
+  `max_new_tokens=0` is SGLang's prefill-only request. The paper's branches generate one
+  token: no decode step at all.
 * The clock `now` is the time of the scheduler's next scan. A launched batch occupies the GPU
   for [start, end) with start = max(now + host, end of the previous batch); without overlap
   the step processes it (now -> its end), under overlap the previous one (the scan of batch
@@ -449,7 +450,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     def gpu_s(rnd) -> float:
         return cost.step(rnd) if rnd.mode == "decode" else prefill(rnd)
 
-    loop = VirtualLoop(kit, gpu_s, host=_decode_host(host),
+    loop = VirtualLoop(kit, gpu_s, host=host,
                        clock=clock, on_launch=launched, on_complete=completed,
                        on_forward=on_forward, label=policy)
     for si, seg in enumerate(segments):
@@ -521,18 +522,6 @@ def _questions(seg: Segment, result: ArmResult, branches: dict[str, _Branch],
             branches[b.rid] = _Branch(b.rid, qi, len(b.input_ids), arrival,
                                       outputs=b.max_new_tokens)
     return sorted(open_loop, key=lambda qi: result.questions[qi].arrival_s)
-
-
-def _decode_host(host):
-    """The host model charges a decode step the scan's fixed host time: the scan ran and found
-    no prefill (a view with no rows), not a prefill's per-row batch preparation (eval/hostcost.py
-    charges the arm's own coefficients on the requests that scan visited)."""
-    if host is None:
-        return None
-    from types import SimpleNamespace
-
-    no_rows = SimpleNamespace(rids=(), mode="decode")
-    return lambda rnd, scan: host(rnd if rnd.mode == "prefill" else no_rows, scan)
 
 
 def _warmup_round(tokens: int = 16):

@@ -46,6 +46,24 @@ def test_a_decode_step_pays_its_scans_visits_and_no_rows(policy: str) -> None:
     assert h == pytest.approx(HOST.for_policy(policy)(3, 0))
 
 
+@pytest.mark.parametrize("policy", ["stock", "radixflow"])
+def test_a_decode_step_pays_its_own_scan_per_running_row(policy: str) -> None:
+    """With decode coefficients, a decode step is charged them per running row in every arm
+    (its scan visits no request), not a prefill scan's fixed time; one whose scan did visit
+    requests adds what the arm's loop spent on them over SGLang's fixed time."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    host = replace(HOST, decode=HostCoef(2e-4, 0.0, 5e-6))
+    step = SimpleNamespace(rids=["a", "b", "c"], mode="decode")
+    fn = host.host_fn(policy)
+    assert fn(step, ScanTiming(queued=0, cpu_s=0.0, visited=0)) == pytest.approx(2e-4 + 15e-6)
+    assert fn(step, ScanTiming(queued=9, cpu_s=0.0, visited=3)) == pytest.approx(
+        2e-4 + 15e-6 + host.for_policy(policy)(3, 0) - host.native(0, 0))
+    assert fn(_round(3), ScanTiming(queued=0, cpu_s=0.0, visited=0)) == pytest.approx(
+        host.for_policy(policy)(0, 3))  # NOTE: a prefill round keeps its scan's coefficients
+
+
 def test_default_coefficients_are_not_negative() -> None:
     for coef in (DEFAULT_HOST.native, DEFAULT_HOST.traversal):
         assert min(coef.s0, coef.s1, coef.s2) >= 0.0, coef
@@ -292,3 +310,20 @@ def test_a_scans_probes_are_charged(make_kit) -> None:
     plain = fn(_round(2), ScanTiming(queued=5, cpu_s=0.0, visited=5))
     probed = fn(_round(2), ScanTiming(queued=5, cpu_s=0.0, visited=5, probed=3))
     assert probed - plain == pytest.approx(3 * 5e-4)
+
+
+def test_the_fit_records_decode_steps_apart_from_prefill_rounds() -> None:
+    """`record(mode="decode")` sees each decode step of the replay (its running rows, no
+    visit) and no prefill round; the default mode sees the prefill rounds only."""
+    from eval.hostfit import record
+    from eval.workload import workload
+
+    segs = workload("gsp", "qwen3.5-0.8b", seed=0, groups=2, prompts_per_group=2,
+                    system_len=256, question_len=16, output_len=4, rate=50.0)
+    dec = record(segs, "qwen3.5-0.8b", ("stock",), 1, mode="decode")["stock"]
+    pre = record(segs, "qwen3.5-0.8b", ("stock",), 1)["stock"]
+    assert dec.x and all(v == 0 and 1 <= rows <= 4 for v, rows, _ in dec.x)
+    assert pre.x and all(rows >= 1 for _, rows, _ in pre.x)
+    assert len(dec.cpu[0]) == len(dec.x) and min(dec.cpu[0]) > 0
+    # NOTE: 4 requests x 4 tokens: the first from each prefill, 3 more from decode steps
+    assert sum(rows for _, rows, _ in dec.x) == 4 * 3
