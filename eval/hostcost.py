@@ -156,9 +156,10 @@ def _traverses(policy: str) -> bool:
 # here (0.270 ms). Charged so, the twin's decode-bearing figures move (Mooncake full trace mean
 # 0.9992 -> 0.9946, p95 1.0018 -> 1.0003; gsp 8 req/s 4B seed 3 p95 0.79 -> 1.25 as stock's
 # tail moves by 10 % steps of that charge: a decode batch's last step lands before or after
-# the next prefill). Not adopted: whether eval/costmodel.py's fixed 1.5 ms per decode step
-# (DECODE_OVERHEAD_S) already holds this host time is open (docs/notes/2026-12-first-fork.md,
-# "What it does not do").
+# the next prefill). Not adopted yet: eval/costmodel.py's fixed 1.5 ms per decode step
+# (DECODE_OVERHEAD_S) is graph replay, sampling and the result round trip, not the scan, so the
+# measured charge is consistent; it moves every decode-bearing figure, not re-measured whole
+# (docs/notes/2026-12-first-fork.md, "What it does not do").
 DEFAULT_HOST = HostCost(
     native=HostCoef(s0=0.725e-3, s1=0.0, s2=3.26e-4),
     traversal=HostCoef(s0=0.784e-3, s1=0.0, s2=4.44e-4, s3=4.02e-4),
