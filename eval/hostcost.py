@@ -18,12 +18,11 @@ process CPU time per scan is this machine's measurement of that work.
 
 Where it goes (testing/loop.py): a round is ready to launch `h` seconds after its scan; without
 overlap that adds to the round, with overlap it hides behind the forward still running (SGLang's
-overlap loop scans batch N+1 while batch N computes). A decode step is charged the arm's `h`
-with no rows (a prefill scan's fixed time, which includes the prefill's batch preparation; the
-kit measures a decode step's scan at about a third of it), or, where a HostCost has `decode`
-coefficients (the fit measures them; DEFAULT_HOST has none, see its NOTE), those: s0 + s2 *
-running rows, the arms alike (the scan visits no request), plus what the arm's scan spent on
-the requests it visited, if any.
+overlap loop scans batch N+1 while batch N computes). A decode step is charged its own scan's
+coefficients, `decode`: s0 + s2 * running rows, the arms alike (the scan visits no request),
+plus what the arm's scan spent on the requests it visited, if any. Without them (`decode`
+None), the arm's `h` with no rows: a prefill scan's fixed time, which includes the prefill's
+batch preparation (the kit measures a decode step's scan at about a third of it).
 
 No double count with eval/costmodel.py. Its alpha ("fixed per-forward overhead: launches, the
 scheduler's own scan and batch preparation, ...") and gamma (per-row bookkeeping) describe a
@@ -150,22 +149,19 @@ def _traverses(policy: str) -> bool:
 # round. Earlier fits (heavier load, ~12): stock 1.379 ms + 0.486 ms/row, the traversal
 # +0.204 ms/row +0.742 ms/probe; absolute times move with the machine's load, the side-by-side
 # excess is the finding.
-# NOTE: decode steps keep the old charge (`decode` None: the prefill scan's fixed 0.725 ms).
-# The fit measures them (2026-12-05, quiet machine, three fits): 0.121-0.122 ms + 0.004-0.0055
-# ms per running row where its prefill scan fitted 0.302-0.357 ms fixed, i.e. a third of that
-# here (0.270 ms). Charged so, the twin's decode-bearing figures move (Mooncake full trace mean
-# 0.9992 -> 0.9946, p95 1.0018 -> 1.0003; gsp 8 req/s 4B seed 3 p95 0.79 -> 1.25 as stock's
-# tail moves by 10 % steps of that charge: a decode batch's last step lands before or after
-# the next prefill). Not adopted yet: eval/costmodel.py's fixed 1.5 ms per decode step
-# (DECODE_OVERHEAD_S) is graph replay, sampling and the result round trip, not the scan, so the
-# measured charge is consistent; it moves every decode-bearing figure, not re-measured whole
-# (docs/notes/2026-12-first-fork.md, "What it does not do").
+# Decode steps (2026-12-05, the same command on a quiet machine, three fits): 0.121-0.122 ms
+# + 0.004-0.0055 ms per running row, where the same fits' prefill scan is 0.302-0.357 ms fixed;
+# kept at this default's scale: 0.372 (the median ratio) of its 0.725 ms, and 0.0152 of it per
+# row. The old model charged every decode step the prefill scan's fixed 0.725 ms (3-5x the
+# measured scan). eval/costmodel.py's fixed 1.5 ms per decode step (DECODE_OVERHEAD_S) is graph
+# replay, sampling and the result round trip, not the scan: no double count.
 DEFAULT_HOST = HostCost(
     native=HostCoef(s0=0.725e-3, s1=0.0, s2=3.26e-4),
     traversal=HostCoef(s0=0.784e-3, s1=0.0, s2=4.44e-4, s3=4.02e-4),
     source="fit:kit-scan-cpu mix/qwen3.5-4b+race/qwen3.5-0.8b q10 x5 median-of-3 huber "
-           "stock+excess>=0 probe-term quiet-apart",
+           "stock+excess>=0 probe-term quiet-apart decode:gsp/qwen3.5-0.8b-ratio",
     quiet=HostCoef(s0=0.731e-3, s1=1.2e-5, s2=3.44e-4),
+    decode=HostCoef(s0=0.270e-3, s1=0.0, s2=1.10e-5),
 )
 
 

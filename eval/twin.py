@@ -20,8 +20,8 @@ In short:
 * Each branch generates `max_new_tokens` ids (its scripted `output`, else a filler id): the
   kit runs SGLang's real running batch, so a step is a prefill batch when one forms, else one
   decode step of the running batch (`DecodeRound`), which takes `cost.decode` GPU time
-  (eval/costmodel.py, "Decode steps"); with a host model a decode step is charged the scan's
-  fixed host time (no per-row batch preparation; eval/hostcost.py `HostCost.decode`).
+  (eval/costmodel.py, "Decode steps"); with a host model a decode step is charged its own
+  scan's host time (eval/hostcost.py `HostCost.decode`, no prefill batch preparation).
   `max_new_tokens=0` is SGLang's prefill-only request. The paper's branches generate one
   token: no decode step at all.
 * The clock `now` is the time of the scheduler's next scan. A launched batch occupies the GPU

@@ -65,7 +65,7 @@ def test_a_decode_step_pays_its_own_scan_per_running_row(policy: str) -> None:
 
 
 def test_default_coefficients_are_not_negative() -> None:
-    for coef in (DEFAULT_HOST.native, DEFAULT_HOST.traversal):
+    for coef in (DEFAULT_HOST.native, DEFAULT_HOST.traversal, DEFAULT_HOST.decode):
         assert min(coef.s0, coef.s1, coef.s2) >= 0.0, coef
 
 

@@ -418,15 +418,19 @@ def test_retraction_re_prefills_and_is_counted():
 
 
 def test_a_decode_step_costs_the_same_host_time_under_every_policy():
-    """The host model charges decode steps SGLang's own (stock) coefficients: the traversal
-    fit's negative intercept made radixflow's decode steps free while stock paid 1.5 ms."""
+    """The host model charges decode steps their own scan's coefficients in every arm (the
+    traversal fit's negative intercept once made radixflow's decode steps free while stock
+    paid 1.5 ms), per running row, below a prefill scan's fixed time."""
     from eval.hostcost import DEFAULT_HOST
 
     hosts = {}
     for policy in ("stock", "radixflow"):
         res = twin.run_arm(turns(), MODEL, policy, cost=decode_cost(), host=DEFAULT_HOST)
         assert res.ok, res.error
-        hosts[policy] = [r.host_s for r in res.decode_rounds]
-        assert hosts[policy] and min(hosts[policy]) > 0
-    assert hosts["radixflow"] == pytest.approx(hosts["stock"])
-    assert hosts["stock"][0] == pytest.approx(DEFAULT_HOST.native.s0, abs=1e-5)
+        hosts[policy] = [(r.host_s, r.rows) for r in res.decode_rounds]
+        assert hosts[policy] and min(h for h, _ in hosts[policy]) > 0
+    assert [r for _, r in hosts["radixflow"]] == [r for _, r in hosts["stock"]]
+    assert [h for h, _ in hosts["radixflow"]] == pytest.approx([h for h, _ in hosts["stock"]])
+    for h, rows in hosts["stock"]:
+        assert h == pytest.approx(DEFAULT_HOST.decode(0, rows), abs=1e-9)
+        assert h < DEFAULT_HOST.native.s0
