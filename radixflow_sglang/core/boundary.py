@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from .cost import CostCoeffs
 from .grid import Grid, Layout
+from .producers import common_prefix
 from .reasons import Reason, enabled
 
 MODES = ("off", "declared", "learned", "both")
@@ -546,23 +547,10 @@ def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
             continue  # NOTE: inside a run found at an earlier j
         if i == 0 or j == 0:
             return None
-        n = _run_len(a, i, b, j, k)
+        n = k + common_prefix(a[i + k:], b[j + k:])  # NOTE: slices compared in C
         if i + n < len(a) and j + n < len(b):
             runs.append(a[i:i + n])
     return runs
-
-
-def _run_len(a: tuple[int, ...], i: int, b: tuple[int, ...], j: int, n: int) -> int:
-    """How far a[i:] and b[j:] agree, knowing the first `n` do: slices compared at C speed,
-    the step doubling while they match and halving past the first mismatch."""
-    m, step, grow = min(len(a) - i, len(b) - j), 8, True
-    while step:
-        if n + step <= m and a[i + n:i + n + step] == b[j + n:j + n + step]:
-            n += step
-            step = step * 2 if grow else step
-        else:
-            grow, step = False, step // 2
-    return n
 
 
 def _positions(a: tuple[int, ...], g: tuple[int, ...]) -> list[int]:
@@ -586,7 +574,7 @@ def shared_run_end(a: tuple[int, ...], b: tuple[int, ...], k: int) -> int | None
     pairs = sorted({(j, 0) for j in _positions(b, a[:k])} | {(0, i) for i in _positions(a, b[:k])})
     best, at = 0, None
     for j, i in pairs:
-        n = _run_len(a, i, b, j, k)
+        n = k + common_prefix(a[i + k:], b[j + k:])  # NOTE: slices compared in C
         if i + n < len(a) and j + n < len(b) and n > best:
             best, at = n, i + n
     return at

@@ -122,11 +122,12 @@ class TokenChains:
 
 def common_prefix(a: Sequence[int], b: Sequence[int], step: int = 64) -> int:
     """Length of the shared token prefix; compares slices so the loop runs per block. Two
-    arrays compare in C: the block doubles while it matches and halves past the first
-    mismatch (O(log) compares)."""
+    arrays (or two tuples) compare in C: the block doubles while it matches and halves past
+    the first mismatch (O(log) compares)."""
     n = min(len(a), len(b))
     i = 0
-    if isinstance(a, array) and isinstance(b, array):
+    if (isinstance(a, array) and isinstance(b, array)) or (
+            isinstance(a, tuple) and isinstance(b, tuple)):
         grow = True
         while step:
             if i + step <= n and a[i : i + step] == b[i : i + step]:
