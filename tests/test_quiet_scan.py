@@ -192,3 +192,105 @@ def test_a_trace_numbers_quiet_and_traversal_rounds_by_one_count(make_kit, tmp_p
     assert rounds == [(1, True), (2, False)]
     decided = {e["round"] for e in events if e["event"] == "decide"}
     assert decided == {2}
+
+
+# --- unshared scans (`RadixFlowRuntime._unshared`, rule `unshared_scan`) ---------------------
+
+
+def _stream(rng: random.Random, k, steps: int) -> list[list]:
+    """Arrivals per step: unrelated prompts (each its own first block), documents' questions
+    (siblings: a shared first block), and now and then a continuation of an earlier prompt."""
+    docs = [list(range(100_000 * (d + 1), 100_000 * (d + 1) + rng.randint(300, 3000)))
+            for d in range(4)]
+    out, n, sent = [], 0, []
+    for _ in range(steps):
+        batch = []
+        burst = rng.random() < 0.25  # NOTE: a document's questions together: siblings park
+        for _ in range(3 if burst else rng.choice([0, 1, 1, 2])):
+            n += 1
+            kind = 0.6 if burst else rng.random()
+            if kind < 0.5:
+                ids = [rng.randrange(1, 90_000) for _ in range(rng.randint(40, 9000))]
+            elif kind < 0.85 or not sent:
+                ids = rng.choice(docs) + [rng.randrange(1, 90_000) for _ in range(30)]
+            else:
+                ids = rng.choice(sent) + [rng.randrange(1, 90_000) for _ in range(50)]
+            sent.append(ids)
+            batch.append(k.req(f"r{n}", ids, max_new_tokens=rng.choice([1, 4])))
+        out.append(batch)
+    return out
+
+
+def _schedule(seed: int, layout: str, overlap: bool, ablate=()) -> tuple[list, dict]:
+    from radixflow_sglang.core.reasons import ablating
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+    from radixflow_sglang.testing.loop import VirtualClock
+
+    clock = VirtualClock()
+    with ablating(ablate):
+        k = Kit(KitConfig(model="qwen3.5-4b", layout=layout, overlap=overlap), policy="radixflow",
+                clock=clock, sleep=clock.sleep)
+        rounds = []
+        for batch in _stream(random.Random(seed), k, 14):
+            k.submit(*batch)
+            clock.now += 0.01
+            rnd = k.step()
+            rounds.append(rnd)
+        rounds += k.drain()
+        reasons = k.runtime.summary()["reasons"]
+    sched = [(r.rids, r.extend, r.prefix, r.chunked) for r in rounds
+             if r is not None and r.mode == "prefill"]
+    return sched, reasons
+
+
+@pytest.mark.parametrize("layout,overlap", [("extra_buffer", True), ("extra_buffer", False),
+                                            ("no_buffer", False)])
+def test_an_unshared_scan_admits_what_the_hooks_would(layout, overlap) -> None:
+    """Turned off where nothing can be Blocked, the hooks change no decision: the same prefill
+    rounds (rows, extends, ready prefixes, chunks) with the rule as with it ablated, on
+    streams that mix unrelated prompts, waiting siblings and continuations."""
+    unshared = parked = 0
+    for seed in range(3):
+        with_rule, reasons = _schedule(seed, layout, overlap)
+        without, off = _schedule(seed, layout, overlap, ["unshared_scan"])
+        assert with_rule == without
+        assert "unshared_scan" not in off
+        unshared += reasons.get("unshared_scan", 0)
+        parked += sum(n for r, n in reasons.items() if r in ("wait_wins", "always_wait",
+                                                               "committed_wait"))
+    assert unshared > 0 and parked > 0  # NOTE: both paths ran
+
+
+def test_a_shared_first_block_keeps_the_hooks_on(make_kit) -> None:
+    """Unrelated long prompts behind a continuing chunk scan unshared; a queued prompt that
+    shares the continuing chunk's first block, or another queued one's, does not."""
+    def first_scans(queue_after: list[list[int]]) -> list:
+        k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
+        k.submit(k.req("long", list(range(1, 20_001))))
+        k.step()  # NOTE: its first chunk; it continues as SGLang's chunked request
+        k.submit(*[k.req(f"q{i}", ids) for i, ids in enumerate(queue_after)])
+        k.step()
+        return k.runtime.scan.quiet
+
+    other = [list(range(50_000 + 4000 * i, 50_000 + 4000 * i + 3000)) for i in range(2)]
+    assert first_scans(other) == "unshared_scan"
+    assert first_scans(other + [list(range(1, 3001))]) is None  # the chunk's first block
+    assert first_scans(other + [other[0][:100] + [7] * 50]) is None  # a queued one's
+
+
+def test_unshared_scans_keep_the_chain_cache_bounded(make_kit) -> None:
+    """An unshared scan hashes the queue's first blocks into the traversal's chain cache; its
+    scans count as rounds of that cache, so a server that only ever scans unshared keeps the
+    last few scans' chains, not every request's."""
+    k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
+    k._forget = lambda rid: None  # NOTE: as a server: no completion hook forgets a request
+    for i in range(40):
+        k.submit(k.req(f"u{i}", toks_from(10_000 * (i + 1), 3000)))
+        k.step()
+    k.drain()
+    assert k.runtime.summary()["reasons"].get("unshared_scan", 0) >= 40
+    assert len(k.runtime.traversal.chains) <= k.runtime.traversal.chains.keep + 1
+
+
+def toks_from(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))

@@ -395,12 +395,23 @@ def test_rule_no_traversal():
 
 
 def short(k) -> None:
-    """Short unrelated questions on a small model: no wait can win (a quiet scan)."""
-    k.submit(*[k.req(f"q{i}", toks(1000 + 100 * i, 40)) for i in range(4)])
+    """Short questions after one 64-token instruction on a small model: no wait can win (a
+    quiet scan), though they share a first block (not `unshared_scan`)."""
+    k.submit(*[k.req(f"q{i}", toks(500, 64) + toks(1000 + 100 * i, 40)) for i in range(4)])
 
 
 def test_rule_quiet_scan():
     decides(R.QUIET_SCAN, short, model="qwen3.5-0.8b")
+
+
+def unrelated(k) -> None:
+    """Unrelated long prompts (each its own first block), more than one round's budget: a
+    recompute could displace work (not `quiet_scan`), yet no visit can find a sharer."""
+    k.submit(*[k.req(f"u{i}", toks(10_000 * (i + 1), 3000)) for i in range(4)])
+
+
+def test_rule_unshared_scan():
+    decides(R.UNSHARED_SCAN, unrelated)
 
 
 def test_rule_session():

@@ -73,8 +73,8 @@ def cache_grid(sched: Scheduler) -> Grid:
 
 
 # NOTE: VISIT reasons for a request no live producer shares a prefix with (`_still_deferred`)
-UNSHARED = frozenset({Reason.NO_TRAVERSAL, Reason.QUIET_SCAN, Reason.NO_PRODUCER,
-                      Reason.NO_SHARER})
+UNSHARED = frozenset({Reason.NO_TRAVERSAL, Reason.QUIET_SCAN, Reason.UNSHARED_SCAN,
+                      Reason.NO_PRODUCER, Reason.NO_SHARER})
 
 
 def _finite(x: float) -> float | None:
@@ -169,10 +169,11 @@ class RadixFlowRuntime:
             return
         if self.spec.cost_aware:
             self._count_arrivals(sched.waiting_queue)
-            if enabled(Reason.QUIET_SCAN) and self._quiet_scan(sched, adder):
+            scan.quiet = self._quiet_scan(sched, adder)
+            if scan.quiet is not None:
                 # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
                 # plus the boundary publisher's work (eval/hostcost.py charges it apart)
-                scan.quiet = True
+                self.traversal.chains.tick()  # NOTE: `_unshared` keeps the queue's chains
                 scan.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
                 return
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
@@ -221,17 +222,53 @@ class RadixFlowRuntime:
             self.scan.view = ScanView.of(self.scan.sched)
         return self.scan.view
 
-    def _quiet_scan(self, sched: Scheduler, adder: PrefillAdder) -> bool:
-        """No candidate of this scan can wait (core/cost.py `never_waits`, from rank-identical
-        inputs): nothing is parked, no chunk continues, and every queued request fits the round
-        at a recompute cheaper than a round's fixed cost (docs/design.md, "Quiet scans").
-        Boundaries still publish: their states serve later requests without a wait."""
+    def _quiet_scan(self, sched: Scheduler, adder: PrefillAdder) -> Reason | None:
+        """The rule by which no candidate of this scan can wait, if one does (from
+        rank-identical inputs; nothing may be parked): `quiet_scan`, no chunk continues and
+        every queued request fits the round at a recompute cheaper than a round's fixed cost
+        (core/cost.py `never_waits`); `unshared_scan`, no visit can find a sharer
+        (`_unshared`). Boundaries still publish: their states serve later requests without a
+        wait (docs/design.md, "Quiet scans")."""
         q = sched.waiting_queue
-        if not q or len(self.traversal.waits) or sched.chunked_req is not None:
-            return False
-        return never_waits(self.cost.decision_coeffs, [req_len(r) for r in q], running(sched),
-                           int(budget_left(adder)), sched.max_running_requests,
-                           self._round_host_s(), adder.page_size)
+        if not q or len(self.traversal.waits):
+            return None
+        if (enabled(Reason.QUIET_SCAN) and sched.chunked_req is None
+                and never_waits(self.cost.decision_coeffs, [req_len(r) for r in q],
+                                running(sched), int(budget_left(adder)),
+                                sched.max_running_requests, self._round_host_s(),
+                                adder.page_size)):
+            return Reason.QUIET_SCAN
+        if enabled(Reason.UNSHARED_SCAN) and self._unshared(sched):
+            return Reason.UNSHARED_SCAN
+        return None
+
+    def _unshared(self, sched: Scheduler) -> bool:
+        """No queued request shares its first block (namespace and tokens) with another queued
+        one or with a live producer (the continuing chunk, an extend in flight), and none has
+        waited (a released consumer's round has its own DEFER rule). A sharer shares the first
+        block (`ProducerIndex.sharers` walks from it), so every visit would end `no_producer`
+        or `no_sharer`, exactly as with the hooks on. Keys are the traversal's cached chains:
+        a hash match only keeps the hooks on (the traversal confirms token by token)."""
+        index, block, records = self.traversal.index, self.traversal.index.block, self.requests
+        heads = set()
+        live = [r for b, _ in getattr(sched, "result_queue", ()) if b.forward_mode.is_extend()
+                for r in b.reqs if not r.is_retracted]
+        if sched.chunked_req is not None:
+            live.append(sched.chunked_req)
+        for r in live:
+            if req_len(r) >= block:
+                heads.add(index.chain(r.rid, namespace(r), req_tokens(r)).key(block))
+        for r in sched.waiting_queue:
+            rs = records.get(r.rid)
+            if rs is not None and rs.rounds_parked:
+                return False
+            if req_len(r) < block:
+                continue
+            key = index.chain(r.rid, namespace(r), req_tokens(r)).key(block)
+            if key in heads:
+                return False
+            heads.add(key)
+        return True
 
     def _count_arrivals(self, queue) -> None:
         """Requests that entered the waiting queue since the last scan (a retracted one re-enters:
@@ -249,6 +286,8 @@ class RadixFlowRuntime:
         request begin_scan saw as `sched.chunked_req`, admitted when it is in can_run_list."""
         chunk, adder = self.scan.chunk
         self.scan.chunk = (None, None)
+        if self.scan.quiet is not None:
+            return  # NOTE: hooks off (an unshared scan: nothing can wait for its state)
         last = (req is None and self.traversal is not None and adder is not None
                 and self.grid.layout is Layout.NO_BUFFER and adder.rem_chunk_tokens is not None)
         if last:
@@ -308,8 +347,8 @@ class RadixFlowRuntime:
         t = self.traversal
         if t is None and enabled(Reason.NO_TRAVERSAL):
             return Action.NATIVE, Reason.NO_TRAVERSAL
-        if self.scan.quiet:
-            return Action.NATIVE, Reason.QUIET_SCAN
+        if self.scan.quiet is not None:
+            return Action.NATIVE, self.scan.quiet
         if getattr(req, "session", None) is not None and enabled(Reason.SESSION):
             return Action.NATIVE, Reason.SESSION
         if enabled(Reason.NO_PRODUCER) and t.quiet():

@@ -31,8 +31,9 @@ class ScanState:
     round: int = 0
     stats: RoundStats = field(default_factory=lambda: RoundStats(0))
     sched: Scheduler | None = None
-    # no candidate can wait: the traversal's hooks are off (`RadixFlowRuntime._quiet_scan`)
-    quiet: bool = False
+    # no candidate can wait, by this rule: the traversal's hooks are off
+    # (`RadixFlowRuntime._quiet_scan`); None: they are on
+    quiet: Reason | None = None
     # the queue's view (positions, demand, siblings): built at the first candidate needing it
     view: ScanView | None = None
     # requests selected (or continuing) this scan that a fork may still move, by rid

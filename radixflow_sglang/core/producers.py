@@ -89,7 +89,7 @@ class Chain:
 
 
 class TokenChains:
-    """Chains of the requests a traversal visits, kept for `keep` rounds after the last use: a
+    """Chains of the requests a traversal visits, kept for `keep` scans after the last use: a
     waiting request is visited round after round, and its chain is its producer's when it is
     admitted (and again each round its batch is in flight). Keyed by rid, valid while the
     request's token object (identity) and namespace are the same."""
@@ -110,9 +110,11 @@ class TokenChains:
         c.stamp = self.round
         return c
 
-    def begin_round(self, round_: int) -> None:
-        self.round = round_
-        old = round_ - self.keep
+    def tick(self) -> None:
+        """A scan begins (with the traversal's hooks on or off): chains unused for `keep`
+        scans are dropped."""
+        self.round += 1
+        old = self.round - self.keep
         if any(c.stamp < old for c in self._chains.values()):
             self._chains = {r: c for r, c in self._chains.items() if c.stamp >= old}
 

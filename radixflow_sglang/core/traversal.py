@@ -88,7 +88,7 @@ class Traversal:
     def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
         """Start a scan: producers are only the in-flight ones (results not processed yet)."""
         self.round += 1
-        self.chains.begin_round(self.round)
+        self.chains.tick()
         self.index = ProducerIndex(self.index.block, self.chains)
         self._inflight = set()
         for p in inflight:
