@@ -78,7 +78,7 @@ class HostCost:
     traversal: HostCoef
     measured: bool = False  # use the kit's measured scan CPU time instead
     source: str = "custom"
-    # NOTE: a quiet scan (core/cost.py `never_waits`): SGLang's scan plus the boundary
+    # NOTE: a quiet scan (rules quiet_scan, unshared_scan): SGLang's scan plus the boundary
     # publisher's work, the traversal's hooks off; None: charged as the native scan
     quiet: HostCoef | None = None
     # NOTE: a decode step's scan, the arms alike (SGLang's get_next_batch_to_run finding no
@@ -100,7 +100,7 @@ class HostCost:
             # that visited nothing (an empty queue: SGLang returns before the scan loop) costs
             # SGLang's own fixed time whatever the arm (the traversal's per-round excess is
             # its scan hooks' work; a quiet scan ran SGLang's own code with the hooks off,
-            # core/cost.py `never_waits`)
+            # RadixFlowRuntime._quiet_scan)
             visited = scan_visited(scan)
             decode = getattr(rnd, "mode", "prefill") == "decode"
             rows = 0 if decode else len(rnd.rids)

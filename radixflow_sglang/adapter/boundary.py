@@ -48,7 +48,7 @@ from radixflow_sglang.core.boundary import (
 )
 from radixflow_sglang.core.cost import CostCoeffs, cut_pays, cut_raises_tail, measured
 from radixflow_sglang.core.grid import Grid, Layout
-from radixflow_sglang.core.producers import as_tokens
+from radixflow_sglang.core.producers import as_tokens, common_prefix
 from radixflow_sglang.core.reasons import Reason
 
 from . import check_sglang_version
@@ -416,7 +416,7 @@ class BoundaryPublisher:
         for r in self._head_sharers(req, tokens, ns):
             t = req_tokens(r)
             # NOTE: a request matches at most its length - 1 (SGLang keeps one token to run)
-            out.append((r, min(fast_lcp(as_tokens(t), mine), len(t) - 1)))
+            out.append((r, min(common_prefix(as_tokens(t), mine), len(t) - 1)))
             if len(out) >= SHARERS:
                 break
         return out
@@ -486,7 +486,7 @@ class BoundaryPublisher:
         for r in pool:
             t = req_tokens(r)
             if len(t) > low and namespace(r) == ns and t[:low] == head:
-                out.append(fast_lcp(t, tokens))
+                out.append(common_prefix(t, tokens))
         return out
 
     def _continuations(self, ns) -> float:
@@ -796,18 +796,6 @@ def cut_chunk(req: Req, depth: int, adder: PrefillAdder) -> None:
     if adder.rem_chunk_tokens is not None:
         adder.rem_chunk_tokens += refund
     adder.log_input_tokens -= cut
-
-
-def fast_lcp(a, b) -> int:
-    """Longest common prefix by bisection over slice compares (each in C)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def kv_hit_length(tree, req: Req, tokens) -> int | None:

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Protocol
 from radixflow_sglang.core.cost import RoundCostEstimator, RoundView, WaitCase, group_saving
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
+from radixflow_sglang.core.producers import common_prefix
 from radixflow_sglang.core.traversal import Candidate, Traversal
 
-from .boundary import fast_lcp, kv_hit_length
+from .boundary import kv_hit_length
 from .reqs import namespace, req_len, req_tokens
 from .scanview import ScanView
 
@@ -104,7 +105,7 @@ def later_groups(scan: ScanView, req: Req, tokens, depth: int, theta: int, windo
             continue
         sibs, common, k = [], len(xt), j + 1
         while k < end and namespace(q[k]) == xns:
-            n = fast_lcp(xt, req_tokens(q[k]))
+            n = common_prefix(xt, req_tokens(q[k]))
             if n < theta:
                 break
             sibs.append(q[k])
