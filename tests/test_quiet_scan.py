@@ -24,6 +24,7 @@ from radixflow_sglang.core.cost import (
     group_wait_wins,
     never_waits,
 )
+from radixflow_sglang.testing.fixtures import toks
 from radixflow_sglang.testing.kit import Round, ScanTiming
 
 SMALL = CostCoeffs(8e-3, 2.8e-6, 1e-4, 0.0)  # qwen3.5-0.8b-like: cheap tokens, 8 ms a round
@@ -264,7 +265,7 @@ def test_an_unshared_scan_admits_what_the_hooks_would(layout, overlap) -> None:
 def test_a_shared_first_block_keeps_the_hooks_on(make_kit) -> None:
     """Unrelated long prompts behind a continuing chunk scan unshared; a queued prompt that
     shares the continuing chunk's first block, or another queued one's, does not."""
-    def first_scans(queue_after: list[list[int]]) -> list:
+    def first_scans(queue_after: list[list[int]]) -> str | None:
         k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
         k.submit(k.req("long", list(range(1, 20_001))))
         k.step()  # NOTE: its first chunk; it continues as SGLang's chunked request
@@ -285,12 +286,8 @@ def test_unshared_scans_keep_the_chain_cache_bounded(make_kit) -> None:
     k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
     k._forget = lambda rid: None  # NOTE: as a server: no completion hook forgets a request
     for i in range(40):
-        k.submit(k.req(f"u{i}", toks_from(10_000 * (i + 1), 3000)))
+        k.submit(k.req(f"u{i}", toks(10_000 * (i + 1), 3000)))
         k.step()
     k.drain()
     assert k.runtime.summary()["reasons"].get("unshared_scan", 0) >= 40
     assert len(k.runtime.traversal.chains) <= k.runtime.traversal.chains.keep + 1
-
-
-def toks_from(start: int, n: int) -> list[int]:
-    return list(range(start, start + n))

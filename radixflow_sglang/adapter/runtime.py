@@ -77,6 +77,14 @@ UNSHARED = frozenset({Reason.NO_TRAVERSAL, Reason.QUIET_SCAN, Reason.UNSHARED_SC
                       Reason.NO_PRODUCER, Reason.NO_SHARER})
 
 
+def _inflight_reqs(sched: Scheduler):
+    """The requests of extend batches whose results are not processed yet (overlap loop),
+    retracted ones left out."""
+    for batch, _ in getattr(sched, "result_queue", ()):
+        if batch.forward_mode.is_extend():
+            yield from (r for r in batch.reqs if not r.is_retracted)
+
+
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None  # NOTE: JSON has no NaN
 
@@ -249,22 +257,22 @@ class RadixFlowRuntime:
         block (`ProducerIndex.sharers` walks from it), so every visit would end `no_producer`
         or `no_sharer`, exactly as with the hooks on. Keys are the traversal's cached chains:
         a hash match only keeps the hooks on (the traversal confirms token by token)."""
-        index, block, records = self.traversal.index, self.traversal.index.block, self.requests
-        heads = set()
-        live = [r for b, _ in getattr(sched, "result_queue", ()) if b.forward_mode.is_extend()
-                for r in b.reqs if not r.is_retracted]
+        index, records = self.traversal.index, self.requests
+
+        def head(r: Req) -> int:
+            return index.chain(r.rid, namespace(r), req_tokens(r)).key(index.block)
+
+        live = list(_inflight_reqs(sched))
         if sched.chunked_req is not None:
             live.append(sched.chunked_req)
-        for r in live:
-            if req_len(r) >= block:
-                heads.add(index.chain(r.rid, namespace(r), req_tokens(r)).key(block))
+        heads = {head(r) for r in live if req_len(r) >= index.block}
         for r in sched.waiting_queue:
             rs = records.get(r.rid)
             if rs is not None and rs.rounds_parked:
                 return False
-            if req_len(r) < block:
+            if req_len(r) < index.block:
                 continue
-            key = index.chain(r.rid, namespace(r), req_tokens(r)).key(block)
+            key = head(r)
             if key in heads:
                 return False
             heads.add(key)
@@ -827,14 +835,8 @@ class RadixFlowRuntime:
 
     def _inflight(self, sched: Scheduler) -> list[Producer]:
         """Producers of extend batches whose results are not processed yet (overlap loop)."""
-        out = []
-        for batch, _ in getattr(sched, "result_queue", ()):
-            if not batch.forward_mode.is_extend():
-                continue
-            for r in batch.reqs:
-                if not r.is_retracted and r.extend_end > r.prefix_len:
-                    out.append(self._producer(r, movable=False))
-        return out
+        return [self._producer(r, movable=False) for r in _inflight_reqs(sched)
+                if r.extend_end > r.prefix_len]
 
     def _apply_fork(self, b: Blocking, adder: PrefillAdder) -> None:
         """Make the producer publish at the fork depth (before prepare_for_extend reads it)."""
