@@ -113,3 +113,70 @@ def test_distinct_prompts_of_one_length_move_nothing():
             kit.drain()
     assert kits["radixflow"].runtime.boundary.moved["repeat"] == 0
     assert scheduled(kits["radixflow"]) == scheduled(kits["stock"])
+
+
+def test_repeat_share_is_the_share_of_admitted_requests_that_repeated():
+    from radixflow_sglang.core.boundary import BoundaryLearner
+
+    lr = BoundaryLearner(64, window=4)
+    assert lr.repeat_share("ns") == 1.0  # NOTE: no admission seen: the prior
+    lr.observe("ns", 0, None, None)
+    lr.observe("ns", 1023, ("k", 0), None, repeat=True)
+    assert lr.repeat_share("ns") == 0.5
+    for _ in range(3):
+        lr.observe("ns", 0, None, None)  # NOTE: distinct prompts (no reuse event at all)
+    assert lr.repeat_share("ns") == 0.25  # NOTE: the last 4 admissions
+    assert lr.repeat_share("other") == 1.0
+
+
+def _retries_then_distinct(share: bool) -> list[int]:
+    """no_buffer, a measured-looking cost: one prompt and two retries of it (the namespace
+    repeats, so every later prompt is placed at length - 1), then groups of ten distinct
+    prompts (a queue behind each: the cut's saving is multiplied by it). The repeat cuts made
+    per group; `share` False: the placements' measured rate alone (the bound patched out)."""
+    from radixflow_sglang.adapter.boundary import BoundaryPublisher
+    from radixflow_sglang.core.boundary import BoundaryLearner
+    from radixflow_sglang.core.cost import CostCoeffs
+    from radixflow_sglang.core.reasons import Reason
+    from radixflow_sglang.testing.fixtures import boundary_kit
+
+    G = grid()
+    kit = boundary_kit("radixflow", "both", "no_buffer", MODEL)
+    cost = CostCoeffs(0.01, 1e-4, 0.0, 0.0, "fit:test")
+    kit.runtime.boundary = BoundaryPublisher("both", kit.runtime.grid, cost=lambda: cost)
+    if not share:
+        kit.runtime.boundary.learner.repeat_share = lambda ns: 1.0
+    rng = random.Random(3)
+
+    def prompt() -> list[int]:
+        return [rng.randrange(100, 200_000) for _ in range(16 * G)]
+
+    first = prompt()
+    for rid in ("p", "p/r0", "p/r1"):
+        kit.submit(kit.req(rid, first, max_new_tokens=2))
+        kit.drain()
+    cuts = []
+    for g in range(4):
+        before = kit.runtime.boundary.moved["repeat"]
+        kit.submit(*[kit.req(f"q{g}/{j}", prompt(), max_new_tokens=2) for j in range(10)])
+        kit.drain()
+        cuts.append(kit.runtime.boundary.moved["repeat"] - before)
+    lr = kit.runtime.boundary.learner
+    assert isinstance(lr, BoundaryLearner) and kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+    if share:
+        (ns,) = lr._admits
+        assert lr.repeat_share(ns) == pytest.approx(2 / 43)  # NOTE: 2 retries of 43 admitted
+        assert kit.runtime.boundary_reasons[Reason.CUT_UNPAID] > 0
+    return cuts
+
+
+def test_retries_among_distinct_prompts_stop_the_repeat_cuts_sooner():
+    """A retry now and then is not n samples: each cut costs its request a round and the
+    share of prompts that get repeated (2 of 43 here) bounds the cut's expected users from
+    the first placement on, where the placements' measured rate starts at its prior (1) and
+    falls only as they go unused (the Mooncake conversation trace, no_buffer: every prompt
+    cut at length - 1 for a while, 1.005x stock's mean latency; bounded, 0.995x)."""
+    bounded, rate_only = _retries_then_distinct(True), _retries_then_distinct(False)
+    assert sum(bounded) < sum(rate_only)
+    assert all(b <= r for b, r in zip(bounded, rate_only, strict=True))
+    assert bounded[1] < rate_only[1]  # NOTE: the second group: the share is below 0.1

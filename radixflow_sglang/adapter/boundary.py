@@ -636,7 +636,8 @@ class BoundaryPublisher:
                source: Reason | None = None) -> float:
         """Requests expected to reuse a state at `depth` (core/boundary.py `consumers`): its
         queued siblings, and future ones at the reuse share of `source`'s placements (a
-        learned PLACE rule) or of boundary states (`usage`)."""
+        learned PLACE rule; repeats: at most the namespace's repeat share) or of boundary
+        states (`usage`)."""
         # NOTE: itself and its siblings selected this scan excluded (they run now)
         queued = self._groups_at(depth).get(key, 0) - 1
         queued -= sum(1 for r in adder.can_run_list
@@ -644,6 +645,11 @@ class BoundaryPublisher:
         # NOTE: SGLang's branching depth is the KV hit floored to the grid
         b = req.mamba_branching_seqlen
         rate = self.placed[source].exposed_rate if source in self.placed else self.usage.rate
+        if source == Reason.REPEAT and self.learner is not None:
+            # NOTE: the measured rate starts at its prior (1) and falls with unused placements;
+            # the namespace's repeat share bounds it from the first placement (a retry now and
+            # then: every distinct prompt cut at length - 1 until the rate fell)
+            rate = min(rate, self.learner.repeat_share(ns))
         return consumers(max(queued, 0), b is not None and b >= depth // self.grid.size
                          * self.grid.size, rate)
 

@@ -221,6 +221,8 @@ class BoundaryLearner:
     namespaces: int = 1024  # namespaces kept (least recently observed dropped)
     keys: int = 16_384  # publication records kept
     _events: dict[Hashable, deque[tuple[int, str]]] = field(default_factory=dict)
+    # NOTE: per namespace, whether each recent admitted request was a repeat (`repeat_share`)
+    _admits: dict[Hashable, deque[bool]] = field(default_factory=dict)
     _published: dict[Hashable, tuple[str, int | None]] = field(default_factory=dict)
     _depths: Counter = field(default_factory=Counter)  # depths of the records (cheap test)
 
@@ -259,6 +261,7 @@ class BoundaryLearner:
         """One admitted request's match: its ready prefix (and the key of that prefix) and
         SGLang's branching depth; `repeat`: its whole matchable prompt was cached already.
         Returns the event kind recorded, or None."""
+        self._recent(self._admits, namespace).append(repeat)
         if repeat:
             return self._add(namespace, ready, REPEAT)
         if branching is not None and branching > ready:
@@ -273,14 +276,27 @@ class BoundaryLearner:
         return self._add(namespace, ready, CONTINUATION if kind == "end" else FORK)
 
     def _add(self, namespace: Hashable, depth: int, kind: str) -> str:
-        q = self._events.pop(namespace, None)
+        self._recent(self._events, namespace).append((depth // self.grid * self.grid, kind))
+        return kind
+
+    def _recent(self, by_ns: dict[Hashable, deque], namespace: Hashable) -> deque:
+        """`namespace`'s window in `by_ns`, created if new (the least recently observed
+        namespace dropped past `namespaces`)."""
+        q = by_ns.pop(namespace, None)
         if q is None:
             q = deque(maxlen=self.window)
-            if len(self._events) >= self.namespaces:
-                self._events.pop(next(iter(self._events)))
-        self._events[namespace] = q  # NOTE: re-inserted: most recently observed last
-        q.append((depth // self.grid * self.grid, kind))
-        return kind
+            if len(by_ns) >= self.namespaces:
+                by_ns.pop(next(iter(by_ns)))
+        by_ns[namespace] = q  # NOTE: re-inserted: most recently observed last
+        return q
+
+    def repeat_share(self, namespace: Hashable) -> float:
+        """The share of the namespace's recent admitted requests (`window`) that repeated an
+        earlier prompt: how likely a new prompt is to be repeated, the base rate of a repeat
+        placement's use (1 before any admission). A retry now and then among distinct prompts
+        (the Mooncake conversation trace: 8 of 548) is not n samples (7 of 8)."""
+        q = self._admits.get(namespace)
+        return sum(q) / len(q) if q else 1.0
 
     def events(self, namespace: Hashable) -> tuple[tuple[int, str], ...]:
         return tuple(self._events.get(namespace, ()))
