@@ -198,10 +198,12 @@ def test_a_trace_numbers_quiet_and_traversal_rounds_by_one_count(make_kit, tmp_p
 # --- unshared scans (`RadixFlowRuntime._unshared`, rule `unshared_scan`) ---------------------
 
 
-def _stream(rng: random.Random, k, steps: int) -> list[list]:
+def _stream(rng: random.Random, k, steps: int, system: list[int] = ()) -> list[list]:
     """Arrivals per step: unrelated prompts (each its own first block), documents' questions
-    (siblings: a shared first block), and now and then a continuation of an earlier prompt."""
-    docs = [list(range(100_000 * (d + 1), 100_000 * (d + 1) + rng.randint(300, 3000)))
+    (siblings: a shared first block), and now and then a continuation of an earlier prompt;
+    each after `system` (a system prompt: every first block shared)."""
+    docs = [list(system) + list(range(100_000 * (d + 1), 100_000 * (d + 1) + rng.randint(300,
+                                                                                        3000)))
             for d in range(4)]
     out, n, sent = [], 0, []
     for _ in range(steps):
@@ -211,7 +213,8 @@ def _stream(rng: random.Random, k, steps: int) -> list[list]:
             n += 1
             kind = 0.6 if burst else rng.random()
             if kind < 0.5:
-                ids = [rng.randrange(1, 90_000) for _ in range(rng.randint(40, 9000))]
+                ids = list(system) + [rng.randrange(1, 90_000)
+                                      for _ in range(rng.randint(40, 9000))]
             elif kind < 0.85 or not sent:
                 ids = rng.choice(docs) + [rng.randrange(1, 90_000) for _ in range(30)]
             else:
@@ -222,7 +225,8 @@ def _stream(rng: random.Random, k, steps: int) -> list[list]:
     return out
 
 
-def _schedule(seed: int, layout: str, overlap: bool, ablate=()) -> tuple[list, dict]:
+def _schedule(seed: int, layout: str, overlap: bool, ablate=(),
+              system: list[int] = ()) -> tuple[list, dict]:
     from radixflow_sglang.core.reasons import ablating
     from radixflow_sglang.testing.kit import Kit, KitConfig
     from radixflow_sglang.testing.loop import VirtualClock
@@ -232,7 +236,7 @@ def _schedule(seed: int, layout: str, overlap: bool, ablate=()) -> tuple[list, d
         k = Kit(KitConfig(model="qwen3.5-4b", layout=layout, overlap=overlap), policy="radixflow",
                 clock=clock, sleep=clock.sleep)
         rounds = []
-        for batch in _stream(random.Random(seed), k, 14):
+        for batch in _stream(random.Random(seed), k, 14, system):
             k.submit(*batch)
             clock.now += 0.01
             rnd = k.step()
@@ -291,3 +295,46 @@ def test_unshared_scans_keep_the_chain_cache_bounded(make_kit) -> None:
     k.drain()
     assert k.runtime.summary()["reasons"].get("unshared_scan", 0) >= 40
     assert len(k.runtime.traversal.chains) <= k.runtime.traversal.chains.keep + 1
+
+
+# --- covered scans (`RadixFlowRuntime._covered`, rule `covered_scan`) -------------------------
+
+
+@pytest.mark.parametrize("layout,overlap", [("extra_buffer", True), ("extra_buffer", False),
+                                            ("no_buffer", False)])
+def test_a_covered_scan_admits_what_the_hooks_would(layout, overlap) -> None:
+    """Every request after one system prompt (no scan is unshared): where what the queue
+    shares is ready already the hooks go off, and they change no decision: the same prefill
+    rounds with the rule as with it ablated; documents' siblings still park."""
+    system = list(range(400_000, 401_024))
+    covered = parked = 0
+    for seed in range(3):
+        with_rule, reasons = _schedule(seed, layout, overlap, system=system)
+        without, off = _schedule(seed, layout, overlap, ["covered_scan"], system=system)
+        assert with_rule == without
+        assert "covered_scan" not in off
+        covered += reasons.get("covered_scan", 0)
+        parked += sum(n for r, n in reasons.items() if r in ("wait_wins", "always_wait",
+                                                               "committed_wait"))
+    assert covered > 0 and parked > 0  # NOTE: both paths ran
+
+
+def test_sharing_past_the_ready_prefix_keeps_the_hooks_on(make_kit) -> None:
+    """Two queued prompts behind a cached system prompt: covered while they share only it; not
+    when they also share a document past it (its state is not ready: one could wait)."""
+    system = list(range(400_000, 401_024))
+
+    def scan_after(queue: list[list[int]]) -> str | None:
+        k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
+        for i in range(2):  # NOTE: SGLang publishes the fork after the system prompt
+            k.submit(k.req(f"s{i}", system + toks(500_000 + 1000 * i, 300)))
+            k.drain()
+        k.submit(*[k.req(f"q{i}", ids) for i, ids in enumerate(queue)])
+        k.step()
+        return k.runtime.scan.quiet
+
+    doc = toks(600_000, 2000)
+    assert scan_after([system + toks(700_000, 3000), system + toks(710_000, 3000)]) == \
+        "covered_scan"
+    assert scan_after([system + doc + toks(720_000, 50), system + doc + toks(730_000, 50)]) \
+        is None

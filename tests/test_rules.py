@@ -414,6 +414,21 @@ def test_rule_unshared_scan():
     decides(R.UNSHARED_SCAN, unrelated)
 
 
+def system_prompted(k) -> None:
+    """A 1,024-token system prompt whose state is cached (two earlier requests forked after
+    it), then four long prompts behind it: each shares only the system prompt with the others
+    (no first block of its own: not `unshared_scan`), and it is ready for each."""
+    system = toks(300_000, 1024)
+    for i in range(2):
+        k.submit(k.req(f"s{i}", system + toks(310_000 + 1000 * i, 200)))
+        k.drain()
+    k.submit(*[k.req(f"u{i}", system + toks(10_000 * (i + 1), 3000)) for i in range(4)])
+
+
+def test_rule_covered_scan():
+    decides(R.COVERED_SCAN, system_prompted)
+
+
 def test_rule_session():
     def sessions(k) -> None:
         pair(k)

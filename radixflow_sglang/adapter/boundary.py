@@ -821,6 +821,25 @@ def kv_hit_length(tree, req: Req, tokens) -> int | None:
     return getattr(res, "full_kv_hit_length", None)
 
 
+def state_at(tree, req: Req, tokens, depth: int, mamba: bool) -> bool:
+    """Whether the tree holds `req`'s first `depth` tokens on the device, ending on a node
+    that ends exactly there and (`mamba`) keeps a mamba state: a ready prefix of at least
+    `depth`. Read-only (no split, no LRU refresh: SGLang's `match_full_device_prefix` and
+    `get_component_device_value`, both tree cores), so a request SGLang's scan does not visit
+    is left as stock leaves it."""
+    from sglang.srt.mem_cache.common import _req_radix_key
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    core = getattr(tree, "tree_core", None)
+    if core is None or getattr(tree, "disable", False) or depth <= 0:
+        return False
+    matched, node, pinned = core.match_full_device_prefix(_req_radix_key(tree, req, tokens,
+                                                                         depth))
+    if matched != depth or pinned != depth:
+        return False  # NOTE: not all cached, or the node goes on past it (no state there)
+    return not mamba or core.get_component_device_value(node, ComponentType.MAMBA) is not None
+
+
 # --- the chat template's system message (OpenAI chat endpoint) ------------------------------
 def lcp(a, b) -> int:
     n = min(len(a), len(b))

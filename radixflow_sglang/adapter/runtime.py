@@ -30,7 +30,7 @@ from radixflow_sglang.core.cost import (
 )
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
-from radixflow_sglang.core.producers import Producer
+from radixflow_sglang.core.producers import Producer, common_prefix
 from radixflow_sglang.core.reasons import RULES, Action, Reason, enabled, in_rule_order
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
@@ -38,7 +38,7 @@ from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfi
 from . import check_sglang_version, slot
 from .admission import AdmissionHold, Sleep
 from .agreement import local_share
-from .boundary import BoundaryPublisher, cut_chunk
+from .boundary import BoundaryPublisher, cut_chunk, state_at
 from .reqs import (
     budget_left,
     cache_hit,
@@ -248,6 +248,8 @@ class RadixFlowRuntime:
             return Reason.QUIET_SCAN
         if enabled(Reason.UNSHARED_SCAN) and self._unshared(sched):
             return Reason.UNSHARED_SCAN
+        if enabled(Reason.COVERED_SCAN) and self._covered(sched):
+            return Reason.COVERED_SCAN
         return None
 
     def _unshared(self, sched: Scheduler) -> bool:
@@ -277,6 +279,41 @@ class RadixFlowRuntime:
                 return False
             heads.add(key)
         return True
+
+    def _covered(self, sched: Scheduler) -> bool:
+        """Every queued request's ready prefix reaches the longest prefix it shares with
+        another queued request or a live producer (a state cached exactly there, `state_at`,
+        read-only: a shared system prompt's), and none has waited. A producer P blocks
+        C only with a state at a depth <= common(C, P) that is theta past C's ready prefix
+        (core/traversal.py `_blocking`), so every visit would end native, as with the hooks
+        on. Sharing is found within the groups of one first-block chain key (at least one
+        group: else `_unshared`); the longest common prefix of each request is with a
+        neighbour in token order."""
+        index, records, tree = self.traversal.index, self.requests, sched.tree_cache
+        mamba = self.grid.layout is not Layout.FULL
+        groups: dict[int, list[tuple[object, Req | None]]] = {}
+        live = list(_inflight_reqs(sched))
+        if sched.chunked_req is not None:
+            live.append(sched.chunked_req)
+        members = [(r, False) for r in live] + [(r, True) for r in sched.waiting_queue]
+        for r, queued in members:
+            rs = records.get(r.rid) if queued else None
+            if rs is not None and rs.rounds_parked:
+                return False
+            if req_len(r) >= index.block:
+                key = index.chain(r.rid, namespace(r), req_tokens(r)).key(index.block)
+                groups.setdefault(key, []).append((req_tokens(r), r if queued else None))
+        shared_groups = [g for g in groups.values() if len(g) > 1]
+        for group in shared_groups:
+            group.sort(key=lambda m: m[0])  # NOTE: array('q') compares in C, lexicographically
+            shared = [0] * len(group)
+            for i in range(len(group) - 1):
+                n = common_prefix(group[i][0], group[i + 1][0])
+                shared[i], shared[i + 1] = max(shared[i], n), n
+            for (tokens, r), need in zip(group, shared, strict=True):
+                if r is not None and not state_at(tree, r, tokens, need, mamba):
+                    return False
+        return bool(shared_groups)  # NOTE: nothing shared is `unshared_scan`'s case
 
     def _count_arrivals(self, queue) -> None:
         """Requests that entered the waiting queue since the last scan (a retracted one re-enters:
