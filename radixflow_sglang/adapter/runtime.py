@@ -311,7 +311,11 @@ class RadixFlowRuntime:
                 n = common_prefix(group[i][0], group[i + 1][0])
                 shared[i], shared[i + 1] = max(shared[i], n), n
             for (tokens, r), need in zip(group, shared, strict=True):
-                if r is not None and not state_at(tree, r, tokens, need, mamba):
+                # NOTE: a state is reachable up to SGLang's max prefix (length - 1: an
+                # identical copy cannot use its original's end state, it can be Blocked)
+                if r is not None and not state_at(
+                        tree, r, tokens, min(need, r._compute_max_prefix_len(len(tokens))),
+                        mamba):
                     return False
         return bool(shared_groups)  # NOTE: nothing shared is `unshared_scan`'s case
 
