@@ -254,16 +254,23 @@ def test_an_unshared_scan_admits_what_the_hooks_would(layout, overlap) -> None:
     """Turned off where nothing can be Blocked, the hooks change no decision: the same prefill
     rounds (rows, extends, ready prefixes, chunks) with the rule as with it ablated, on
     streams that mix unrelated prompts, waiting siblings and continuations."""
-    unshared = parked = 0
+    _hooks_off_changes_nothing("unshared_scan", layout, overlap)
+
+
+def _hooks_off_changes_nothing(rule: str, layout: str, overlap: bool,
+                               system: list[int] = ()) -> None:
+    """Three seeds' streams: the same prefill rounds with `rule` as with it ablated, and both
+    paths ran (scans quiet by the rule, and parked siblings)."""
+    quiet = parked = 0
     for seed in range(3):
-        with_rule, reasons = _schedule(seed, layout, overlap)
-        without, off = _schedule(seed, layout, overlap, ["unshared_scan"])
+        with_rule, reasons = _schedule(seed, layout, overlap, system=system)
+        without, off = _schedule(seed, layout, overlap, [rule], system=system)
         assert with_rule == without
-        assert "unshared_scan" not in off
-        unshared += reasons.get("unshared_scan", 0)
+        assert rule not in off
+        quiet += reasons.get(rule, 0)
         parked += sum(n for r, n in reasons.items() if r in ("wait_wins", "always_wait",
                                                                "committed_wait"))
-    assert unshared > 0 and parked > 0  # NOTE: both paths ran
+    assert quiet > 0 and parked > 0
 
 
 def test_a_shared_first_block_keeps_the_hooks_on(make_kit) -> None:
@@ -306,17 +313,7 @@ def test_a_covered_scan_admits_what_the_hooks_would(layout, overlap) -> None:
     """Every request after one system prompt (no scan is unshared): where what the queue
     shares is ready already the hooks go off, and they change no decision: the same prefill
     rounds with the rule as with it ablated; documents' siblings still park."""
-    system = list(range(400_000, 401_024))
-    covered = parked = 0
-    for seed in range(3):
-        with_rule, reasons = _schedule(seed, layout, overlap, system=system)
-        without, off = _schedule(seed, layout, overlap, ["covered_scan"], system=system)
-        assert with_rule == without
-        assert "covered_scan" not in off
-        covered += reasons.get("covered_scan", 0)
-        parked += sum(n for r, n in reasons.items() if r in ("wait_wins", "always_wait",
-                                                               "committed_wait"))
-    assert covered > 0 and parked > 0  # NOTE: both paths ran
+    _hooks_off_changes_nothing("covered_scan", layout, overlap, list(range(400_000, 401_024)))
 
 
 def test_sharing_past_the_ready_prefix_keeps_the_hooks_on(make_kit) -> None:
