@@ -195,7 +195,7 @@ def test_a_trace_numbers_quiet_and_traversal_rounds_by_one_count(make_kit, tmp_p
     assert decided == {2}
 
 
-# --- unshared scans (`RadixFlowRuntime._unshared`, rule `unshared_scan`) ---------------------
+# --- unshared scans (`RadixFlowRuntime._sharing`, rule `unshared_scan`) ----------------------
 
 
 def _stream(rng: random.Random, k, steps: int, system: list[int] = ()) -> list[list]:

@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -181,7 +181,7 @@ class RadixFlowRuntime:
             if scan.quiet is not None:
                 # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
                 # plus the boundary publisher's work (eval/hostcost.py charges it apart)
-                self.traversal.chains.tick()  # NOTE: `_unshared` keeps the queue's chains
+                self.traversal.chains.tick()  # NOTE: `_sharing` keeps the queue's chains
                 scan.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
                 return
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
@@ -235,8 +235,9 @@ class RadixFlowRuntime:
         rank-identical inputs; nothing may be parked): `quiet_scan`, no chunk continues and
         every queued request fits the round at a recompute cheaper than a round's fixed cost
         (core/cost.py `never_waits`); `unshared_scan`, no visit can find a sharer
-        (`_unshared`). Boundaries still publish: their states serve later requests without a
-        wait (docs/design.md, "Quiet scans")."""
+        (`_sharing`); `covered_scan`, what they share is ready already (`_covered`).
+        Boundaries still publish: their states serve later requests without a wait
+        (docs/design.md, "Quiet scans")."""
         q = sched.waiting_queue
         if not q or len(self.traversal.waits):
             return None
@@ -246,65 +247,49 @@ class RadixFlowRuntime:
                                 sched.max_running_requests, self._round_host_s(),
                                 adder.page_size)):
             return Reason.QUIET_SCAN
-        if enabled(Reason.UNSHARED_SCAN) and self._unshared(sched):
+        if not (enabled(Reason.UNSHARED_SCAN) or enabled(Reason.COVERED_SCAN)):
+            return None
+        groups = self._sharing(sched)
+        if groups is None:
+            return None
+        if not groups and enabled(Reason.UNSHARED_SCAN):
             return Reason.UNSHARED_SCAN
-        if enabled(Reason.COVERED_SCAN) and self._covered(sched):
+        if groups and enabled(Reason.COVERED_SCAN) and self._covered(sched.tree_cache, groups):
             return Reason.COVERED_SCAN
         return None
 
-    def _unshared(self, sched: Scheduler) -> bool:
-        """No queued request shares its first block (namespace and tokens) with another queued
-        one or with a live producer (the continuing chunk, an extend in flight), and none has
-        waited (a released consumer's round has its own DEFER rule). A sharer shares the first
-        block (`ProducerIndex.sharers` walks from it), so every visit would end `no_producer`
-        or `no_sharer`, exactly as with the hooks on. Keys are the traversal's cached chains:
-        a hash match only keeps the hooks on (the traversal confirms token by token)."""
+    def _sharing(self, sched: Scheduler) -> list[list[tuple[Sequence[int], Req | None]]] | None:
+        """The queued requests and live producers (the continuing chunk, extends in flight)
+        grouped by first-block chain key (namespace and tokens), the groups in which a queued
+        request (the Req; a live one: None) shares with another member, each member with its
+        tokens; None when a queued request has waited (a released consumer's round has its own
+        DEFER rule). A sharer shares the first block (`ProducerIndex.sharers` walks from it),
+        so with no group every visit would end `no_producer` or `no_sharer` (`unshared_scan`).
+        Keys are the traversal's cached chains: a hash match only keeps the hooks on (the
+        traversal confirms token by token)."""
         index, records = self.traversal.index, self.requests
-
-        def head(r: Req) -> int:
-            return index.chain(r.rid, namespace(r), req_tokens(r)).key(index.block)
-
         live = list(_inflight_reqs(sched))
         if sched.chunked_req is not None:
             live.append(sched.chunked_req)
-        heads = {head(r) for r in live if req_len(r) >= index.block}
-        for r in sched.waiting_queue:
-            rs = records.get(r.rid)
-            if rs is not None and rs.rounds_parked:
-                return False
-            if req_len(r) < index.block:
-                continue
-            key = head(r)
-            if key in heads:
-                return False
-            heads.add(key)
-        return True
-
-    def _covered(self, sched: Scheduler) -> bool:
-        """Every queued request's ready prefix reaches the longest prefix it shares with
-        another queued request or a live producer (a state cached exactly there, `state_at`,
-        read-only: a shared system prompt's), and none has waited. A producer P blocks
-        C only with a state at a depth <= common(C, P) that is theta past C's ready prefix
-        (core/traversal.py `_blocking`), so every visit would end native, as with the hooks
-        on. Sharing is found within the groups of one first-block chain key (at least one
-        group: else `_unshared`); the longest common prefix of each request is with a
-        neighbour in token order."""
-        index, records, tree = self.traversal.index, self.requests, sched.tree_cache
-        mamba = self.grid.layout is not Layout.FULL
-        groups: dict[int, list[tuple[object, Req | None]]] = {}
-        live = list(_inflight_reqs(sched))
-        if sched.chunked_req is not None:
-            live.append(sched.chunked_req)
-        members = [(r, False) for r in live] + [(r, True) for r in sched.waiting_queue]
-        for r, queued in members:
-            rs = records.get(r.rid) if queued else None
-            if rs is not None and rs.rounds_parked:
-                return False
+        groups: dict[int, list[tuple[Sequence[int], Req | None]]] = {}
+        for r, queued in [(r, False) for r in live] + [(r, True) for r in sched.waiting_queue]:
+            if queued and (rs := records.get(r.rid)) is not None and rs.rounds_parked:
+                return None
             if req_len(r) >= index.block:
-                key = index.chain(r.rid, namespace(r), req_tokens(r)).key(index.block)
-                groups.setdefault(key, []).append((req_tokens(r), r if queued else None))
-        shared_groups = [g for g in groups.values() if len(g) > 1]
-        for group in shared_groups:
+                tokens = req_tokens(r)
+                key = index.chain(r.rid, namespace(r), tokens).key(index.block)
+                groups.setdefault(key, []).append((tokens, r if queued else None))
+        return [g for g in groups.values() if len(g) > 1 and any(r for _, r in g)]
+
+    def _covered(self, tree, groups: list[list[tuple[Sequence[int], Req | None]]]) -> bool:
+        """`_sharing`'s groups: every queued request's ready prefix reaches the longest prefix
+        it shares with another member (a state cached exactly there, `state_at`, read-only: a
+        shared system prompt's). A producer P blocks C only with a state at a depth <=
+        common(C, P) that is theta past C's ready prefix (core/traversal.py `_blocking`), so
+        every visit would end native, as with the hooks on. In a group sorted by tokens, a
+        request's longest common prefix with any other is with a neighbour."""
+        mamba = self.grid.layout is not Layout.FULL
+        for group in groups:
             group.sort(key=lambda m: m[0])  # NOTE: array('q') compares in C, lexicographically
             shared = [0] * len(group)
             for i in range(len(group) - 1):
@@ -317,7 +302,7 @@ class RadixFlowRuntime:
                         tree, r, tokens, min(need, r._compute_max_prefix_len(len(tokens))),
                         mamba):
                     return False
-        return bool(shared_groups)  # NOTE: nothing shared is `unshared_scan`'s case
+        return True
 
     def _count_arrivals(self, queue) -> None:
         """Requests that entered the waiting queue since the last scan (a retracted one re-enters:
