@@ -335,3 +335,47 @@ def test_sharing_past_the_ready_prefix_keeps_the_hooks_on(make_kit) -> None:
         "covered_scan"
     assert scan_after([system + doc + toks(720_000, 50), system + doc + toks(730_000, 50)]) \
         is None
+
+
+TEMPLATE = [151_644, 872, 198, 151_645, 198]  # NOTE: chat-template text after a system prompt
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_chat_template_fork_is_covered_and_admits_what_the_hooks_would(overlap) -> None:
+    """extra_buffer: every prompt shares a system prompt and a few template tokens past it, so
+    the fork lies a few tokens past the grid, and SGLang's state sits at the grid floor: within
+    theta of the fork, nothing can be Blocked there. Covered, and the same prefill rounds with
+    the rule as with it ablated."""
+    _hooks_off_changes_nothing("covered_scan", "extra_buffer", overlap,
+                               list(range(400_000, 401_024)) + TEMPLATE)
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_state_within_theta_of_the_fork_covers_the_scan(make_kit, core) -> None:
+    """Two queued prompts behind a cached system prompt and template tokens: the state nearest
+    their fork is at the grid floor, not at the fork; covered while the gap is below theta,
+    not when a document past it is shared too. Both of SGLang's tree cores."""
+    from radixflow_sglang.adapter.boundary import state_near
+    from radixflow_sglang.adapter.reqs import req_tokens
+
+    system = list(range(400_000, 401_024)) + TEMPLATE
+
+    def scan_after(queue: list[list[int]]):
+        k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow", tree_core=core)
+        for i in range(2):  # NOTE: SGLang publishes the fork's grid floor
+            k.submit(k.req(f"s{i}", system + toks(500_000 + 1000 * i, 300)))
+            k.drain()
+        reqs = [k.req(f"q{i}", ids) for i, ids in enumerate(queue)]
+        k.submit(*reqs)
+        tree, fork = k.sched.tree_cache, len(system)
+        ids = req_tokens(reqs[0])
+        exact = state_near(tree, reqs[0], ids, fork, 1, True)
+        near = state_near(tree, reqs[0], ids, fork, k.runtime.traversal.cfg.theta, True)
+        k.step()
+        return k.runtime.scan.quiet, exact, near
+
+    assert scan_after([system + toks(700_000, 3000), system + toks(710_000, 3000)]) == \
+        ("covered_scan", False, True)
+    doc = toks(600_000, 2000)
+    quiet, _, _ = scan_after([system + doc + toks(720_000, 50), system + doc + toks(730_000, 50)])
+    assert quiet is None

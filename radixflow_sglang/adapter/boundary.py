@@ -821,23 +821,34 @@ def kv_hit_length(tree, req: Req, tokens) -> int | None:
     return getattr(res, "full_kv_hit_length", None)
 
 
-def state_at(tree, req: Req, tokens, depth: int, mamba: bool) -> bool:
-    """Whether the tree holds `req`'s first `depth` tokens on the device, ending on a node
-    that ends exactly there and (`mamba`) keeps a mamba state: a ready prefix of at least
-    `depth`. Read-only (no split, no LRU refresh: SGLang's `match_full_device_prefix` and
-    `get_component_device_value`, both tree cores), so a request SGLang's scan does not visit
-    is left as stock leaves it."""
+def state_near(tree, req: Req, tokens, depth: int, within: int, mamba: bool) -> bool:
+    """Whether the tree holds on the device a node on `req`'s path that ends in (depth -
+    within, depth] and (`mamba`) keeps a mamba state: SGLang's match then gives a ready prefix
+    past depth - within. Read-only (no split, no LRU refresh: SGLang's
+    `match_full_device_prefix`, `collect_path_info` and `get_component_device_value`, both
+    tree cores), so a request SGLang's scan does not visit is left as stock leaves it."""
     from sglang.srt.mem_cache.common import _req_radix_key
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
     core = getattr(tree, "tree_core", None)
-    if core is None or getattr(tree, "disable", False) or depth <= 0:
+    if core is None or getattr(tree, "disable", False) or depth <= 0 or within <= 0:
         return False
     matched, node, pinned = core.match_full_device_prefix(_req_radix_key(tree, req, tokens,
                                                                          depth))
-    if matched != depth or pinned != depth:
-        return False  # NOTE: not all cached, or the node goes on past it (no state there)
-    return not mamba or core.get_component_device_value(node, ComponentType.MAMBA) is not None
+    if matched <= depth - within:
+        return False  # NOTE: not cached that far
+
+    def kept(n) -> bool:
+        return not mamba or core.get_component_device_value(n, ComponentType.MAMBA) is not None
+
+    if matched == depth == pinned and kept(node):
+        return True  # NOTE: the usual case, a state exactly there: no path walk
+    for info in reversed(core.collect_path_info([node])[0]):
+        if info.path_end <= depth - within:
+            return False
+        if info.path_end <= depth and kept(info.node_id):
+            return True  # NOTE: a deepest node that runs past depth holds no state there
+    return False
 
 
 # --- the chat template's system message (OpenAI chat endpoint) ------------------------------

@@ -38,7 +38,7 @@ from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfi
 from . import check_sglang_version, slot
 from .admission import AdmissionHold, Sleep
 from .agreement import local_share
-from .boundary import BoundaryPublisher, cut_chunk, state_at
+from .boundary import BoundaryPublisher, cut_chunk, state_near
 from .reqs import (
     budget_left,
     cache_hit,
@@ -282,13 +282,15 @@ class RadixFlowRuntime:
         return [g for g in groups.values() if len(g) > 1 and any(r for _, r in g)]
 
     def _covered(self, tree, groups: list[list[tuple[Sequence[int], Req | None]]]) -> bool:
-        """`_sharing`'s groups: every queued request's ready prefix reaches the longest prefix
-        it shares with another member (a state cached exactly there, `state_at`, read-only: a
-        shared system prompt's). A producer P blocks C only with a state at a depth <=
-        common(C, P) that is theta past C's ready prefix (core/traversal.py `_blocking`), so
-        every visit would end native, as with the hooks on. In a group sorted by tokens, a
-        request's longest common prefix with any other is with a neighbour."""
+        """`_sharing`'s groups: every queued request's ready prefix is within theta of the
+        longest prefix it shares with another member (a state cached in (need - theta, need],
+        `state_near`, read-only: a shared system prompt's, or extra_buffer's state at the grid
+        floor of a chat template's fork a few tokens past it). A producer P blocks C only with
+        a state at a depth <= common(C, P) that is theta past C's ready prefix (core/traversal.py
+        `_blocking`), so every visit would end native, as with the hooks on. In a group sorted
+        by tokens, a request's longest common prefix with any other is with a neighbour."""
         mamba = self.grid.layout is not Layout.FULL
+        theta = self.traversal.cfg.theta
         for group in groups:
             group.sort(key=lambda m: m[0])  # NOTE: array('q') compares in C, lexicographically
             shared = [0] * len(group)
@@ -296,11 +298,12 @@ class RadixFlowRuntime:
                 n = common_prefix(group[i][0], group[i + 1][0])
                 shared[i], shared[i + 1] = max(shared[i], n), n
             for (tokens, r), need in zip(group, shared, strict=True):
+                if r is None:
+                    continue
                 # NOTE: a state is reachable up to SGLang's max prefix (length - 1: an
                 # identical copy cannot use its original's end state, it can be Blocked)
-                if r is not None and not state_at(
-                        tree, r, tokens, min(need, r._compute_max_prefix_len(len(tokens))),
-                        mamba):
+                need = min(need, r._compute_max_prefix_len(len(tokens)))
+                if need >= theta and not state_near(tree, r, tokens, need, theta, mamba):
                     return False
         return True
 

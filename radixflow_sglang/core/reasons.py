@@ -62,7 +62,7 @@ class Reason(StrEnum):
     NO_TRAVERSAL = "no_traversal"  # the policy (or --disable-radix-cache) has no traversal
     QUIET_SCAN = "quiet_scan"  # no candidate of this scan can wait (core/cost.py never_waits)
     UNSHARED_SCAN = "unshared_scan"  # no queued request shares a first block: none can block
-    COVERED_SCAN = "covered_scan"  # what queued requests share is ready already: none can block
+    COVERED_SCAN = "covered_scan"  # what queued requests share is ready within theta: none blocks
     SESSION = "session"  # a session request: native handling
     NO_PRODUCER = "no_producer"  # no live producer indexed: nothing can block it
     NO_SHARER = "no_sharer"  # no live producer shares a block with it
@@ -154,7 +154,8 @@ RULEBOOK: tuple[Rule, ...] = (
          "producer, and none has waited (nothing can be Blocked)"),
     Rule(VISIT, Reason.COVERED_SCAN, Action.NATIVE,
          "a quiet scan: every prefix a queued request shares with another or with a live "
-         "producer is ready for it already, and none has waited (nothing can be Blocked)"),
+         "producer is ready for it within theta already, and none has waited (nothing can "
+         "be Blocked)"),
     Rule(VISIT, Reason.SESSION, Action.NATIVE, "a session request"),
     Rule(VISIT, Reason.NO_PRODUCER, Action.NATIVE, "no live producer is indexed"),
     Rule(VISIT, Reason.NO_SHARER, Action.NATIVE, "no live producer shares a block with it"),
