@@ -221,3 +221,32 @@ def test_without_the_check_a_mutant_changes_outputs_silently(monkeypatch):
     silent = run_exact("radixflow", cfg)
     assert silent.stats["mismatched"] == 0
     assert any(clean[r] != silent.outputs[r] for r in clean)
+
+
+def test_a_prefill_only_request_emits_nothing_whatever_its_batch(make_kit):
+    """A max_new_tokens=0 request (SGLang's n > 1 warm-up) gets a dummy 0 in a prefill-only
+    batch and a sampled id beside a generating request (tp_worker.py), so the id its row holds
+    depends on the batch. The completion log keeps what SGLang emits (`output_ids_through_stop`):
+    nothing, so the output audit compares what clients get (nsample warm, nemotron-9b seed 41:
+    4 warm-ups differed from stock only in that id)."""
+    from radixflow_sglang.testing.loop import CompletionLog
+
+    prompt = list(range(1000, 1600))
+
+    def outputs(with_generating: bool) -> tuple[dict, dict]:
+        k = make_kit("qwen3.5-4b", "no_buffer", "stock")
+        log = CompletionLog().install(k)
+        rows = {}
+        k.on_complete = lambda r: (rows.__setitem__(r.rid, tuple(r.output_ids)),
+                                   log.record(r))
+        k.submit(k.req("warm", prompt, max_new_tokens=0))
+        if with_generating:
+            k.submit(k.req("gen", list(range(5000, 5300)), max_new_tokens=3))
+        k.drain()
+        return log.outputs, rows
+
+    alone, alone_rows = outputs(False)
+    mixed, mixed_rows = outputs(True)
+    assert alone_rows["warm"] != mixed_rows["warm"]  # NOTE: the batch-dependent id
+    assert alone["warm"] == mixed["warm"] == ()
+    assert len(mixed["gen"]) == 3

@@ -16,7 +16,7 @@ from radixflow_sglang.testing.kit import Kit, KitConfig
 
 @dataclass
 class ExactRun:
-    outputs: dict[str, tuple[int, ...]]  # rid -> generated ids
+    outputs: dict[str, tuple[int, ...]]  # rid -> the ids SGLang emits (loop.CompletionLog)
     stats: dict  # WitnessStats.as_dict()
     leaks: dict[str, int]
     rounds: int
@@ -49,5 +49,5 @@ def run_exact(policy: str, cfg: KitConfig, seed: int = 0, questions: int = 6,
         kit.step()
     kit.submit(*reqs[early:])
     kit.drain()
-    outputs = {rid: tuple(r.output_ids) for rid, r in kit.finished.items()}
+    outputs = {rid: tuple(r.output_ids_through_stop) for rid, r in kit.finished.items()}
     return ExactRun(outputs, kit.witness.stats.as_dict(), kit.leaks(), len(kit.rounds))

@@ -64,7 +64,7 @@ class CompletionLog:
     def __init__(self) -> None:
         self.count: Counter[str] = Counter()
         self.order: list[str] = []
-        self.outputs: dict[str, tuple[int, ...]] = {}  # rid -> its generated ids
+        self.outputs: dict[str, tuple[int, ...]] = {}  # rid -> the ids SGLang emits for it
 
     def install(self, kit: Any) -> CompletionLog:
         kit.on_complete = self.record
@@ -74,7 +74,10 @@ class CompletionLog:
     def record(self, req: Any) -> None:
         self.count[req.rid] += 1
         self.order.append(req.rid)
-        self.outputs[req.rid] = tuple(req.output_ids)
+        # NOTE: what the client gets (schedule_batch.py `Req.output_ids_through_stop`): a
+        # max_new_tokens=0 request emits nothing, though its row holds a token that depends on
+        # the batch (tp_worker.py: zeros for a prefill-only batch, else a sampled id)
+        self.outputs[req.rid] = tuple(req.output_ids_through_stop)
 
 
 @dataclass(frozen=True)
