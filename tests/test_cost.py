@@ -1107,3 +1107,24 @@ def test_kit_no_buffer_learned_cut_follows_the_measured_round(alpha_s, beta, cut
         # NOTE: its siblings recompute (the same dear round): no fork cut, no mark's cut
         assert b.unpaid > 0 and b.moved["fork_mark"] == 0
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
+
+
+def test_the_trace_is_written_once_per_scan_not_once_per_event(make_kit, tmp_path):
+    """A burst scan emits an event per visit; the trace is block-buffered (a line-buffered file
+    wrote each event, ~100 writes a no_buffer burst scan on the live loop) and flushed at each
+    scan's end, so a reader sees every finished scan's events while the server runs."""
+    import json
+
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+
+    trace = tmp_path / "trace.jsonl"
+    k = make_kit("qwen3.5-4b", "no_buffer", "radixflow",
+                 radixflow_config=RadixFlowConfig(policy="radixflow", trace=str(trace)))
+    assert not k.runtime._trace.line_buffering
+    doc = list(range(10_000, 12_000))
+    k.submit(*[k.req(f"q{i}", doc + list(range(50_000 + 100 * i, 50_000 + 100 * i + 40)))
+               for i in range(6)])
+    k.step()
+    events = [json.loads(x) for x in trace.read_text().splitlines()]  # NOTE: not closed yet
+    assert [e["round"] for e in events if e["event"] == "round"] == [1]
+    assert sum(e["event"] in ("park", "defer") for e in events) >= 6
