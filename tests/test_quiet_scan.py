@@ -379,3 +379,29 @@ def test_a_state_within_theta_of_the_fork_covers_the_scan(make_kit, core) -> Non
     doc = toks(600_000, 2000)
     quiet, _, _ = scan_after([system + doc + toks(720_000, 50), system + doc + toks(730_000, 50)])
     assert quiet is None
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_state_the_queue_leaves_the_path_before_covers_nothing(make_kit, core) -> None:
+    """A cached prompt's end state lies within theta of the queued requests' shared prefix,
+    but they leave its path 20 tokens before it (inside the node that ends there): none of
+    them can resume from it, their ready prefix is 0, so the scan is not covered (a covered
+    check that read the node's end without its match let such a group's siblings recompute
+    where the hooks parked them: mix 4B extra_buffer with overlap, question 9)."""
+    from radixflow_sglang.adapter.boundary import state_near
+    from radixflow_sglang.adapter.reqs import req_tokens
+
+    doc = toks(800_000, 1000)
+    k = make_kit("qwen3.5-4b", "no_buffer", "radixflow", tree_core=core)
+    k.submit(k.req("cached", doc))
+    k.drain()  # NOTE: no_buffer: its state at its end, 1000
+    shared = doc[:980] + toks(900_000, 40)
+    reqs = [k.req(f"q{i}", shared + toks(910_000 + 1000 * i, 300)) for i in range(2)]
+    k.submit(*reqs)
+    theta = k.runtime.traversal.cfg.theta
+    assert not state_near(k.sched.tree_cache, reqs[0], req_tokens(reqs[0]), len(shared),
+                          theta, True)
+    probe = k.req("probe", doc + [1])  # NOTE: on the cached path, the state is found
+    assert state_near(k.sched.tree_cache, probe, req_tokens(probe), 1000, theta, True)
+    k.step()
+    assert k.runtime.scan.quiet is None
