@@ -316,25 +316,33 @@ def test_a_covered_scan_admits_what_the_hooks_would(layout, overlap) -> None:
     _hooks_off_changes_nothing("covered_scan", layout, overlap, list(range(400_000, 401_024)))
 
 
+def _queued_behind(make_kit, system: list[int], queue: list[list[int]], core: str = "python"):
+    """An extra_buffer kit whose tree holds `system`'s state (two earlier prompts forked after
+    it: SGLang publishes the fork's grid floor), with `queue` submitted, not yet scanned."""
+    k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow", tree_core=core)
+    for i in range(2):
+        k.submit(k.req(f"s{i}", system + toks(500_000 + 1000 * i, 300)))
+        k.drain()
+    reqs = [k.req(f"q{i}", ids) for i, ids in enumerate(queue)]
+    k.submit(*reqs)
+    return k, reqs
+
+
+def _quiet_after(make_kit, system: list[int], queue: list[list[int]]) -> str | None:
+    k, _ = _queued_behind(make_kit, system, queue)
+    k.step()
+    return k.runtime.scan.quiet
+
+
 def test_sharing_past_the_ready_prefix_keeps_the_hooks_on(make_kit) -> None:
     """Two queued prompts behind a cached system prompt: covered while they share only it; not
     when they also share a document past it (its state is not ready: one could wait)."""
     system = list(range(400_000, 401_024))
-
-    def scan_after(queue: list[list[int]]) -> str | None:
-        k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
-        for i in range(2):  # NOTE: SGLang publishes the fork after the system prompt
-            k.submit(k.req(f"s{i}", system + toks(500_000 + 1000 * i, 300)))
-            k.drain()
-        k.submit(*[k.req(f"q{i}", ids) for i, ids in enumerate(queue)])
-        k.step()
-        return k.runtime.scan.quiet
-
     doc = toks(600_000, 2000)
-    assert scan_after([system + toks(700_000, 3000), system + toks(710_000, 3000)]) == \
-        "covered_scan"
-    assert scan_after([system + doc + toks(720_000, 50), system + doc + toks(730_000, 50)]) \
-        is None
+    assert _quiet_after(make_kit, system, [system + toks(700_000, 3000),
+                                           system + toks(710_000, 3000)]) == "covered_scan"
+    assert _quiet_after(make_kit, system, [system + doc + toks(720_000, 50),
+                                           system + doc + toks(730_000, 50)]) is None
 
 
 TEMPLATE = [151_644, 872, 198, 151_645, 198]  # NOTE: chat-template text after a system prompt
@@ -359,26 +367,18 @@ def test_a_state_within_theta_of_the_fork_covers_the_scan(make_kit, core) -> Non
     from radixflow_sglang.adapter.reqs import req_tokens
 
     system = list(range(400_000, 401_024)) + TEMPLATE
-
-    def scan_after(queue: list[list[int]]):
-        k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow", tree_core=core)
-        for i in range(2):  # NOTE: SGLang publishes the fork's grid floor
-            k.submit(k.req(f"s{i}", system + toks(500_000 + 1000 * i, 300)))
-            k.drain()
-        reqs = [k.req(f"q{i}", ids) for i, ids in enumerate(queue)]
-        k.submit(*reqs)
-        tree, fork = k.sched.tree_cache, len(system)
-        ids = req_tokens(reqs[0])
-        exact = state_near(tree, reqs[0], ids, fork, 1, True)
-        near = state_near(tree, reqs[0], ids, fork, k.runtime.traversal.cfg.theta, True)
-        k.step()
-        return k.runtime.scan.quiet, exact, near
-
-    assert scan_after([system + toks(700_000, 3000), system + toks(710_000, 3000)]) == \
-        ("covered_scan", False, True)
+    k, reqs = _queued_behind(make_kit, system, [system + toks(700_000, 3000),
+                                                system + toks(710_000, 3000)], core)
+    tree, fork, ids = k.sched.tree_cache, len(system), req_tokens(reqs[0])
+    assert not state_near(tree, reqs[0], ids, fork, 1, True)  # NOTE: no state at the fork
+    assert state_near(tree, reqs[0], ids, fork, k.runtime.traversal.cfg.theta, True)
+    k.step()
+    assert k.runtime.scan.quiet == "covered_scan"
     doc = toks(600_000, 2000)
-    quiet, _, _ = scan_after([system + doc + toks(720_000, 50), system + doc + toks(730_000, 50)])
-    assert quiet is None
+    k, _ = _queued_behind(make_kit, system, [system + doc + toks(720_000, 50),
+                                             system + doc + toks(730_000, 50)], core)
+    k.step()
+    assert k.runtime.scan.quiet is None
 
 
 @pytest.mark.parametrize("core", ["python", "rust"])

@@ -843,13 +843,12 @@ def state_near(tree, req: Req, tokens, depth: int, within: int, mamba: bool) -> 
 
     if matched == depth == pinned and kept(node):
         return True  # NOTE: the usual case, a state exactly there: no path walk
-    # NOTE: only nodes wholly on the request's path count: the deepest one may run past the
-    # depth asked, or leave the path inside it (matched < its end): no state of this request
-    on_path = min(depth, matched)
+    # NOTE: only nodes wholly on the request's path count (matched <= depth: the key stops
+    # there): the deepest one may run past the depth asked, or leave the path inside it
     for info in reversed(core.collect_path_info([node])[0]):
         if info.path_end <= depth - within:
             return False
-        if info.path_end <= on_path and kept(info.node_id):
+        if info.path_end <= matched and kept(info.node_id):
             return True
     return False
 

@@ -72,8 +72,8 @@ def cache_grid(sched: Scheduler) -> Grid:
     return Grid(layout, mamba_checkpoint_grid(cache.page_size), cache.page_size)
 
 
-# NOTE: VISIT reasons for a request no live producer shares a prefix with (`_still_deferred`)
 TRACE_BUFFER = 1 << 16  # bytes of trace events held between flushes (a burst scan's ~15 KB)
+# NOTE: VISIT reasons for a request no live producer shares a prefix with (`_still_deferred`)
 UNSHARED = frozenset({Reason.NO_TRAVERSAL, Reason.QUIET_SCAN, Reason.UNSHARED_SCAN,
                       Reason.NO_PRODUCER, Reason.NO_SHARER})
 
