@@ -825,8 +825,9 @@ def state_near(tree, req: Req, tokens, depth: int, within: int, mamba: bool) -> 
     """Whether the tree holds on the device a node on `req`'s path that ends in (depth -
     within, depth] and (`mamba`) keeps a mamba state: SGLang's match then gives a ready prefix
     past depth - within. Read-only (no split, no LRU refresh: SGLang's
-    `match_full_device_prefix`, `collect_path_info` and `get_component_device_value`, both
-    tree cores), so a request SGLang's scan does not visit is left as stock leaves it."""
+    `match_full_device_prefix`, `collect_path_info` and `get_component_device_value`,
+    mem_cache/unified_cache/unified_tree_core_interface.py, both tree cores), so a request
+    SGLang's scan does not visit is left as stock leaves it."""
     from sglang.srt.mem_cache.common import _req_radix_key
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
