@@ -657,19 +657,54 @@ def test_counters_agree_with_the_rounds(make_kit, model, layout):
     assert k.runtime.summary()["blocked"] == blocked
 
 
-def test_pruning_drops_the_wait_history_of_selected_requests(make_kit):
-    # NOTE: in a server nothing reports completion to the runtime; selected requests' wait
-    # records must still be dropped, or they grow with every request ever parked.
+def test_selection_drops_what_only_a_queued_request_reads(make_kit):
+    # NOTE: in a server nothing reports completion to the runtime: selection itself must drop
+    # a request's wait history, fragment deferrals and boundary keys, or they grow with every
+    # request ever parked (the kit no longer forgets on completion either)
     k = kit(make_kit, "qwen3.5-4b", "extra_buffer", "traversal")
     k.submit(k.req("P", DOC + toks(5000, 100)), k.req("A", DOC + toks(6000, 120)))
     assert k.step().rids == ["P"]
-    assert [r.rid for r in k.scan().reqs] == ["A"]  # selected, not completed
     rt = k.runtime
-    assert rt.traversal.waits.total_rounds == {"A": 1} and rt._records() == 1
+    assert rt.traversal.waits.total_rounds == {"A": 1} and rt._records() == 2
+    assert [r.rid for r in k.scan().reqs] == ["A"]  # selected, not completed
+    assert rt.traversal.waits.total_rounds == {} and rt._records() == 0
+    assert "A" not in rt.boundary._hashes and not rt.frag_deferred
+
+
+def test_pruning_drops_the_records_of_requests_gone_unseen(make_kit):
+    # NOTE: the sweep behind the hooks: a request registered and then gone by a path no hook
+    # sees leaves a record until the next sweep
+    k = kit(make_kit, "qwen3.5-4b", "extra_buffer", "timer10")
+    k.submit(k.req("P", DOC + toks(5000, 100)))
+    assert k.scan() is None  # held to its deadline: registered, not selected
+    rt = k.runtime
+    assert "P" in rt.requests
+    k.sched.waiting_queue.clear()  # gone unseen: no abort hook ran
     k.submit(k.req("Q", toks(70_000, 200)))
     rt._prune(k.sched)
-    assert rt.traversal.waits.total_rounds == {} and rt._records() == 0
+    assert "P" not in rt.requests and rt._records() == 0  # Q is not registered yet
     assert [r.rid for r in k.sched.waiting_queue] == ["Q"]  # the queue itself is untouched
+
+
+@pytest.mark.parametrize("layout", ["extra_buffer", "no_buffer"])
+def test_a_parked_request_gone_unseen_leaves_the_wait_set_next_scan(make_kit, layout):
+    # NOTE: issue 50's leak: a parked request aborted without a hook kept its wait-set entry
+    # forever, and every later scan lost its quiet path. SGLang's aborts call the hook
+    # (test_aborting_a_parked_consumer_drops_its_records); this is the guard behind it.
+    k = kit(make_kit, "qwen3.5-4b", layout, "traversal")
+    k.submit(k.req("P", DOC + toks(5000, 100)), k.req("A", DOC + toks(6000, 120)))
+    while "A" not in waits(k):
+        assert k.step() is not None and k.sched.waiting_queue, "A never parked"
+    a = next(r for r in k.sched.waiting_queue if r.rid == "A")
+    k.sched.waiting_queue.remove(a)  # gone unseen (its slot: it holds none while parked)
+    assert not a.kv.holds_mamba and "A" in waits(k)
+    k.drain()
+    quiet = k.runtime.totals.quiet_scans
+    k.submit(k.req("B", toks(80_000, 300)))
+    k.drain()
+    assert len(waits(k)) == 0 and "A" not in waits(k).total_rounds
+    assert k.runtime.totals.quiet_scans > quiet  # B's scan ran quiet again
+    assert set(k.finished) == {"P"} | {"B"} and k.leaks() == NO_LEAK
 
 
 # --- pages: +Frag deferral and the no_buffer cut ---------------------------------------------

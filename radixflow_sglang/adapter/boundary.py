@@ -174,7 +174,7 @@ class BoundaryPublisher:
         self._cum: list[int] | None = None  # demand prefix sums of the queue (`_between`)
         self._slot_keys: dict[tuple, None] = {}  # keys deferred for the slot this scan, in order
         self._serving: set[tuple] = set()  # keys published at their boundary this scan
-        self._hashes: dict[tuple[str, int], tuple] = {}  # (rid, depth) -> key, across scans
+        self._hashes: dict[str, dict[int, tuple]] = {}  # rid -> depth -> key, across scans
         self._defers: dict[str, int] = {}  # rid -> rounds deferred
         # NOTE: rid -> (scan, ready prefix, cut depth, key, users) of its last slot deferral
         self._slot_waits: dict[str, tuple[int, int, int, tuple, float]] = {}
@@ -210,7 +210,7 @@ class BoundaryPublisher:
         self._slot_keys = {}
         if len(self._hashes) > 8 * len(self._queue) + 4096:
             live = self._queue_rids
-            self._hashes = {k: v for k, v in self._hashes.items() if k[0] in live}
+            self._hashes = {k: v for k, v in self._hashes.items() if k in live}
             self._defers = {k: v for k, v in self._defers.items() if k in live}
             self._slot_waits = {k: v for k, v in self._slot_waits.items() if k in live}
 
@@ -514,7 +514,7 @@ class BoundaryPublisher:
             return  # NOTE: the prefix was placed before: one placement, one outcome
         self._groups_at(depth)  # NOTE: keys every queued request at this depth
         sibs = frozenset(r.rid for r in self._queue if r is not req
-                         and self._hashes.get((r.rid, depth)) == key)
+                         and self._hash(r.rid, depth) == key)
         end_key = (self._key_of(req, tokens, ns, end)
                    if end is not None and depth < end <= len(tokens) else None)
         self._placements[key] = Placed(req.rid, end, end_key, sibs)
@@ -641,7 +641,7 @@ class BoundaryPublisher:
         # NOTE: itself and its siblings selected this scan excluded (they run now)
         queued = self._groups_at(depth).get(key, 0) - 1
         queued -= sum(1 for r in adder.can_run_list
-                      if r is not req and self._hashes.get((r.rid, depth)) == key)
+                      if r is not req and self._hash(r.rid, depth) == key)
         # NOTE: SGLang's branching depth is the KV hit floored to the grid
         b = req.mamba_branching_seqlen
         rate = self.placed[source].exposed_rate if source in self.placed else self.usage.rate
@@ -658,7 +658,7 @@ class BoundaryPublisher:
         selected = {r.rid for r in adder.can_run_list}
         counts = dict(self._groups_at(depth))
         for r in self._queue:
-            k = self._hashes.get((r.rid, depth))
+            k = self._hash(r.rid, depth)
             if r.rid in selected and k in counts:
                 counts[k] -= 1
         return any(n >= 2 for k, n in counts.items()
@@ -678,10 +678,26 @@ class BoundaryPublisher:
         return g
 
     def _key_of(self, req: Req, tokens, ns, depth: int) -> tuple:
-        k = self._hashes.get((req.rid, depth))
+        keys = self._hashes.setdefault(req.rid, {})
+        k = keys.get(depth)
         if k is None:
-            k = self._hashes[(req.rid, depth)] = _key(ns, tokens, depth)
+            k = keys[depth] = _key(ns, tokens, depth)
         return k
+
+    def _hash(self, rid: str, depth: int) -> tuple | None:
+        keys = self._hashes.get(rid)
+        return None if keys is None else keys.get(depth)
+
+    def records(self) -> int:
+        """Requests with a record kept across scans (prefix keys, slot deferrals)."""
+        return len(self._hashes.keys() | self._defers.keys() | self._slot_waits.keys())
+
+    def forget(self, rid: str) -> None:
+        """`rid` left the queue (selected, aborted, retracted): drop what is kept of it across
+        scans (its prefix keys, chunk-slot deferrals). Called by the runtime's `forget`."""
+        self._hashes.pop(rid, None)
+        self._defers.pop(rid, None)
+        self._slot_waits.pop(rid, None)
 
     def _record(self, req: Req, tokens, ns, moved: int | None, native_branch: bool,
                 source: str | None = None) -> None:

@@ -172,6 +172,7 @@ class RadixFlowRuntime:
         self.round += 1
         if self._records() > 2 * len(sched.waiting_queue) + 1024:
             self._prune(sched)
+        self._forget_departed(sched)
         self._order(sched)
         self.boundary.begin_scan(sched.waiting_queue)
         scan = self.scan = ScanState(self.round, sched=sched)
@@ -584,6 +585,7 @@ class RadixFlowRuntime:
         parked = []
         for r in run:
             rs = self.requests.pop(r.rid, None)
+            self._selected(r.rid)
             if rs is not None:
                 parked.append(rs.rounds_parked)
                 self.totals.parked_max_rounds = max(self.totals.parked_max_rounds,
@@ -682,6 +684,7 @@ class RadixFlowRuntime:
             "hit_tokens": t.hit_tokens, "held_iterations": self.held_iterations,
             "overtakes": self.overtakes,
             "wait_set": len(self.traversal.waits) if self.traversal is not None else 0,
+            "records": self.record_counts(),
             "boundaries": self.boundary.summary(), "health_checks": self.health_checks,
             "settings": {**self.cfg.settings(), "theta": self.theta},
             "reasons": self.reason_counts(),
@@ -823,11 +826,35 @@ class RadixFlowRuntime:
                                    sched.chunked_req is None, running(sched))
 
     def forget(self, rid: str) -> None:
-        """The request left the scheduler without being selected (aborted): drop its records."""
+        """The request left the queue without being selected (aborted, retracted, or gone by a
+        path no hook saw, `_forget_departed`): drop every record of it, here, in the
+        traversal (wait set, wait history, hash chain) and in the boundary publisher."""
         self.requests.pop(rid, None)
-        self.frag_deferred.pop(rid, None)
+        self._selected(rid)
         if self.traversal is not None:
             self.traversal.forget(rid)
+
+    def _selected(self, rid: str) -> None:
+        """`rid` left the queue selected (or, via `forget`, not): drop the records that only a
+        queued request reads (its fragment deferrals, wait history, the boundary publisher's
+        keys and slot deferrals). Its hash chain stays: in flight it is a producer next scan
+        (`TokenChains.tick` ages it out)."""
+        self.frag_deferred.pop(rid, None)
+        self.boundary.forget(rid)
+        if self.traversal is not None:
+            self.traversal.waits.forget(rid)
+
+    def _forget_departed(self, sched: Scheduler) -> None:
+        """A parked request that is no longer queued left by a path no hook saw: forget it, so
+        the wait set holds only queued requests (a stale entry would keep every later scan off
+        its quiet path). SGLang's aborts of queued requests call `forget` at once
+        (adapter/scheduler.py `_release_aborted_request`); this is the guard behind it."""
+        waits = self.traversal.waits if self.traversal is not None else ()
+        if not len(waits):
+            return
+        queued = {r.rid for r in sched.waiting_queue}
+        for rid in [rid for rid in waits.rids() if rid not in queued]:
+            self.forget(rid)
 
     def parked_rounds(self) -> Mapping[str, int]:
         """Rounds each request has parked so far, kept until it leaves the queue (read-only)."""
@@ -841,6 +868,16 @@ class RadixFlowRuntime:
     def _records(self) -> int:
         waits = self.traversal.waits.total_rounds if self.traversal is not None else ()
         return len(self.requests) + len(waits)
+
+    def record_counts(self) -> dict[str, int]:
+        """Per-request records kept now, by owner (/server_info `radixflow.records`): each
+        ends when its request leaves the queue (`forget`, `_selected`), so an idle server
+        reads all zeros. The traversal's hash chains are a cache aged by scans, not counted."""
+        t = self.traversal
+        return {"requests": len(self.requests), "frag_deferred": len(self.frag_deferred),
+                "wait_set": len(t.waits) if t is not None else 0,
+                "wait_history": len(t.waits.total_rounds) if t is not None else 0,
+                "boundary": self.boundary.records()}
 
     def _prune(self, sched: Scheduler) -> None:
         """Drop the records of requests that left the queue without the runtime seeing them go

@@ -99,6 +99,14 @@ class RadixFlowScheduler(Scheduler):
             self._radixflow.forget(req.rid)
         return super()._add_request_to_queue(req, is_retracted)
 
+    def _release_aborted_request(self, req) -> None:
+        """Upstream's (scheduler.py: every abort of a queued request, `abort_request` and the
+        queue-limit eviction, calls it), after forgetting what RadixFlow knew of the request:
+        a parked one leaves the wait set at once (rank-identical: every rank gets the abort)."""
+        if self._radixflow is not None:
+            self._radixflow.forget(req.rid)
+        return super()._release_aborted_request(req)
+
     def get_internal_state(self, recv_req):
         out = super().get_internal_state(recv_req)
         # NOTE: with DP, /server_info lists ranks in answer order: the rank says whose it is

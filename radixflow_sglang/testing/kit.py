@@ -430,15 +430,19 @@ class Kit:
         self.sched.waiting_queue.extend(reqs)
 
     def abort_waiting(self, rid: str) -> Req:
-        """Abort a waiting (possibly parked) request as the scheduler does for queued aborts."""
+        """Abort one waiting (possibly parked) request as scheduler.py `abort_request` does for
+        each queued request it matches: pop it, the scheduler class's own
+        `_release_aborted_request` (ours forgets what RadixFlow knew of it), free its mamba
+        slot (the kit has no client to send the abort to). NOTE: upstream matches rids by
+        prefix ("r1" would abort "r10" too); the kit aborts exactly `rid`."""
         q = self.sched.waiting_queue
         req = next((r for r in q if r.rid == rid), None)
         if req is None:
             raise KeyError(f"abort_waiting: request {rid!r} is not waiting")
         q.remove(req)
-        if req.kv.holds_mamba:  # NOTE: as scheduler.py `abort_request` does for queued requests
+        self.sched._release_aborted_request(req)
+        if req.kv.holds_mamba:
             release_kv_cache(req, self.pools.cache, checkpoint=False)
-        self._forget(rid)
         return req
 
     def _count_visits(self) -> None:
@@ -591,7 +595,8 @@ class Kit:
         if self.keep_finished:
             self.finished[req.rid] = req
         self._outputs.pop(req.rid, None)
-        self._forget(req.rid)
+        # NOTE: nothing tells the runtime (a server has no completion hook): it must have
+        # dropped the request's records itself (the harness's stale_records check)
         if self.on_complete is not None:
             self.on_complete(req)
 
@@ -688,6 +693,3 @@ class Kit:
         self.decode_rounds.append(rnd)
         return rnd
 
-    def _forget(self, rid: str) -> None:
-        if self.runtime is not None:
-            self.runtime.forget(rid)
