@@ -7,8 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 base="${1:?usage: bash scripts/decisions.sh BASE_REV [CELL...]}"; shift
 out="${DECISIONS_OUT:-out/decisions}"
+# NOTE: the base tree lives in a temporary folder: point it at this checkout's data
+[ -n "${RADIXFLOW_DATA_DIR:-}" ] || [ ! -d ../shared/data ] || export RADIXFLOW_DATA_DIR="$(cd ../shared/data && pwd)"
 declare -A CELLS=(
-  [mix-nb]="--workload mix --model qwen3.5-4b --policies radixflow,radixflow-frag --questions 20 --layout no_buffer"
+  [mix-nb]="--workload mix --model qwen3.5-4b --policies radixflow,radixflow-frag,radixflow-always,timer5 --questions 20 --layout no_buffer"
   [mix-xb]="--workload mix --model qwen3.5-4b --policies radixflow --questions 20 --layout extra_buffer --overlap"
   [gsp-nb]="--workload gsp --model qwen3.5-0.8b --policies radixflow --layout no_buffer"
   [gsp-xb]="--workload gsp-paced --model qwen3.5-0.8b --policies radixflow --layout extra_buffer --overlap --undeclared"

@@ -359,7 +359,8 @@ def test_a_wait_decided_over_two_rounds_is_kept_on_its_second_visit():
     t, c = blocked_setup(cost_aware=True, overlap=True)
     b = t.classify(c)
     first = t.decide(c, b, queue_deep, c_mid)
-    assert first.wait and t.park(c, b)
+    assert first.wait
+    t.park(c, b)
     p = t.index.get(b.producer)
     t.begin_round([p], fork_slots=0)  # the producer is in flight now
     b2 = t.classify(c)
@@ -590,7 +591,7 @@ def test_decide_charges_the_cut_only_to_the_consumer_that_makes_it():
     b1 = t.classify(c1)
     assert b1 is not None and b1.fork and b1.depth == 2000
     first = t.decide(c1, b1, view(siblings=1), QWEN_4B)
-    assert t.park(c1, b1)
+    t.park(c1, b1)
     c2 = Candidate("c2", "ns", doc[:2000] + [8] * 50, 0, 2049)
     b2 = t.classify(c2)
     assert b2 is not None and not b2.fork  # the producer already publishes at the fork

@@ -88,3 +88,52 @@ def test_design_doc_lists_the_rulebook_in_order():
     got = [(c[1].strip(), c[2].strip().strip("`"), c[3].strip()) for c in rows]
     assert got == [(r.point, r.reason.value, r.action.value) for r in RULEBOOK]
     assert rulebook_table() in page  # NOTE: `python -m radixflow_sglang.explain --rulebook`
+
+
+def reasons_in_order(fn) -> list[Reason]:
+    """The `Reason.X` a decision function names, in source order (each once), with the reasons
+    of a same-module function it calls spliced in where it calls it."""
+    import ast
+    import inspect
+    import textwrap
+
+    mod = inspect.getmodule(fn)
+    out: list[Reason] = []
+
+    def walk(node):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "Reason":
+            if Reason[node.attr] not in out:
+                out.append(Reason[node.attr])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and inspect.isfunction(callee := getattr(mod, node.func.id, None)) \
+                and callee.__module__ == mod.__name__:
+            for r in reasons_in_order(callee):
+                if r not in out:
+                    out.append(r)
+        for child in ast.iter_child_nodes(node):
+            walk(child)
+
+    walk(ast.parse(textwrap.dedent(inspect.getsource(fn))))
+    return out
+
+
+def test_the_rulebook_reads_the_decision_functions_rules_in_their_order():
+    """The table is the code's shape: VISIT's rows are core/points.py `visit`'s rules (its
+    wait rule's spliced in where it asks it), DEFER's `defer`'s, in the order the functions
+    apply them."""
+    from radixflow_sglang.core.points import defer, visit
+
+    assert reasons_in_order(visit) == [r.reason for r in rules("visit")]
+    assert reasons_in_order(defer) == [r.reason for r in rules("defer")]
+
+
+def test_guards_and_defaults_are_not_ablatable():
+    from radixflow_sglang.core.reasons import parse_ablate
+
+    guards = {r.reason for r in RULEBOOK if r.guard}
+    assert guards == {Reason.NO_TRAVERSAL, Reason.NOT_BLOCKED, Reason.NO_CUT, Reason.FITS,
+                      Reason.OUTSIDE}
+    for reason in guards:
+        with pytest.raises(ValueError, match="a guard"):
+            parse_ablate(reason.value)

@@ -16,12 +16,13 @@ import pytest
 
 from radixflow_sglang.core.admission import Demand, Gate
 from radixflow_sglang.core.boundary import place_rule, publish_rule
-from radixflow_sglang.core.cost import CostCoeffs, RoundView, WaitCase, group_wait_wins
+from radixflow_sglang.core.cost import CostCoeffs, RoundView, Verdict, WaitCase, group_wait_wins
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.reasons import (
     ABLATABLE,
     ABLATE_ENV,
     RULEBOOK,
+    Action,
     Reason,
     ablating,
     parse_ablate,
@@ -47,7 +48,7 @@ def test_ablate_names_are_checked():
         assert "wait_wins" in str(e.value)  # NOTE: lists the ablatable rules
     assert {r.reason for r in RULEBOOK if r.default} == {R.HOLD, R.QUEUE_ORDER, R.ALWAYS_WAIT,
                                                         R.NO_BOUNDARY, R.CUT}
-    assert len(ABLATABLE) == len(RULEBOOK) - 5
+    assert len(ABLATABLE) == len(RULEBOOK) - 5 - sum(r.guard for r in RULEBOOK)
 
 
 def default_rule(reason: Reason) -> None:
@@ -170,7 +171,10 @@ EB, NB = Layout.EXTRA_BUFFER, Layout.NO_BUFFER
 
 
 def test_rule_outside():
-    publish(R.OUTSIDE, (None, NB, True, no, no, True, yes), R.CUT)  # NOTE: a cut at no depth
+    # NOTE: a guard: without it the rules below would cut at no depth
+    assert publish_rule(None, NB, True, no, no, True, yes) is R.OUTSIDE
+    with pytest.raises(ValueError, match="a guard"):
+        parse_ablate(R.OUTSIDE.value)
 
 
 def test_rule_keep_unpaid():
@@ -264,13 +268,23 @@ def test_rule_bound_would_cut():
 
 
 def test_rule_bound_spent():
+    """core/points.py `visit` over a Blocked request whose group waits and whose park bound is
+    spent (the traversal's own wait set says so)."""
+    from types import SimpleNamespace
+
+    from radixflow_sglang.core.points import visit
+
     t = traversal_with_producer(overlap=False)
-    c = cand("A", DOC + toks(6000, 120))
     for r in range(t.cfg.max_park_rounds):
         t.waits.park("A", r, "P", G)
-    assert not t.park(c, t.classify(c))  # NOTE: the runtime's `bound_spent`: native handling
+    f = SimpleNamespace(held=False, traversal=True, quiet=None, session=False, producers=True,
+                        sharers=True, blocked_unready=True, recomputes_unprobed=False,
+                        blocked=True, cost_aware=True, committed=False, bound_would_cut=False,
+                        group_unprobed=False, verdict=Verdict(True, 0.0, 1.0),
+                        bound_left=t.waits.may_park("A"))
+    assert visit(f) == (Action.NATIVE, R.BOUND_SPENT)  # NOTE: native handling
     with ablating([R.BOUND_SPENT]):
-        assert t.park(c, t.classify(c))  # NOTE: past its bound: a wait without end
+        assert visit(f) == (Action.PARK, R.WAIT_WINS)  # NOTE: past its bound: a wait without end
 
 
 def test_rule_group_unprobed():
@@ -354,15 +368,15 @@ def run(scenario: Scenario, policy: str = "radixflow", ablate=(), config=None,
     return counts, [(r.rids, r.extend, r.prefix, r.chunked) for r in rounds] + [work]
 
 
-def decides(reason: Reason, scenario: Scenario, *, fails: bool = False, policy="radixflow",
+def decides(reason: Reason, scenario: Scenario, *, guard: bool = False, policy="radixflow",
             **cfg) -> None:
-    """`reason` decides in `scenario`; ablated, the scan's schedule or work changes (or, for a
-    rule that guards correctness, the run fails)."""
+    """`reason` decides in `scenario`; ablated, the scan's schedule or work changes (a guard,
+    which keeps a later rule from reading a fact it cannot have, cannot be ablated)."""
     counts, schedule = run(scenario, policy, **cfg)
     assert counts.get(reason.value, 0) > 0, counts
-    if fails:
-        with pytest.raises(Exception):  # noqa: B017 PT011  NOTE: whatever breaks first
-            run(scenario, policy, [reason], **cfg)
+    if guard:
+        with pytest.raises(ValueError, match="a guard"):
+            parse_ablate(reason.value)
         return
     assert run(scenario, policy, [reason], **cfg)[1] != schedule
 
@@ -391,7 +405,7 @@ def test_rule_held():
 
 
 def test_rule_no_traversal():
-    decides(R.NO_TRAVERSAL, pair, policy="radix", fails=True)
+    decides(R.NO_TRAVERSAL, pair, policy="radix", guard=True)
 
 
 def short(k) -> None:
@@ -447,7 +461,7 @@ def test_rule_no_sharer():
 
 
 def test_rule_not_blocked():
-    decides(R.NOT_BLOCKED, fork, fails=True)
+    decides(R.NOT_BLOCKED, fork, guard=True)
 
 
 def test_rule_recompute_unprobed():
@@ -475,7 +489,8 @@ def test_rule_committed_wait():
     t.admitted(Producer("p", "ns", doc, 0, 5000, 4096, False))
     c = Candidate("c", "ns", doc[:4200] + [7] * 50, 0, 4249)
     b = t.classify(c)
-    assert t.decide(c, b, deep, mid).wait and t.park(c, b)
+    assert t.decide(c, b, deep, mid).wait
+    t.park(c, b)
     t.begin_round([t.index.get("p")], 0)  # NOTE: the producer is in flight now
     assert t.decide(c, t.classify(c), short_queue, mid).reason is R.COMMITTED_WAIT
     with ablating([R.COMMITTED_WAIT]):
@@ -493,7 +508,7 @@ def test_rule_no_cut():
         k.sched.chunked_prefill_size = None
         fork(k)
 
-    decides(R.NO_CUT, unchunked, fails=True)
+    decides(R.NO_CUT, unchunked, guard=True)
 
 
 def test_rule_boundary_slot():
@@ -513,7 +528,7 @@ def test_rule_boundary_slot():
 
 
 def test_rule_fits():
-    decides(R.FITS, long_doc, fails=True, policy="radixflow-frag", tokens=1024)
+    decides(R.FITS, long_doc, guard=True, policy="radixflow-frag", tokens=1024)
 
 
 def test_rule_fork_slot():

@@ -24,25 +24,25 @@ from radixflow_sglang.core.cost import (
     LaunchPeriods,
     RoundCostEstimator,
     RoundView,
-    Verdict,
     never_waits,
     newcomer_waits,
 )
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
+from radixflow_sglang.core.points import defer, visit
 from radixflow_sglang.core.producers import Producer, common_prefix
 from radixflow_sglang.core.reasons import RULES, Action, Reason, enabled, in_rule_order
 from radixflow_sglang.core.stats import RequestStats, RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
-from . import check_sglang_version, slot
+from . import check_sglang_version
 from .admission import AdmissionHold, Sleep
 from .agreement import local_share
 from .boundary import BoundaryPublisher, cut_chunk, state_near
+from .facts import DeferFacts, VisitFacts
 from .reqs import (
     budget_left,
     cache_hit,
-    chunk_cut,
     last_token,
     namespace,
     release_parked,
@@ -378,94 +378,12 @@ class RadixFlowRuntime:
                                             sched.chunked_req is None, running(sched))
 
     def _visit(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
-        """The VISIT rules, in the rulebook's order; the first that fires decides (an ablated
-        one, `enabled` False, lets the next decide: core/reasons.py)."""
+        """The VISIT rules (core/points.py `visit`) over `req`'s facts, applied."""
         self._register(req)
-        if self.gate is not None and enabled(Reason.HELD) and not self.requests[req.rid].eligible:
-            self.stats.held += 1  # held by the timer while eligible work runs: not visited
-            return Action.HOLD, Reason.HELD
-        self.stats.visited += 1
-        t = self.traversal
-        if t is None and enabled(Reason.NO_TRAVERSAL):
-            return Action.NATIVE, Reason.NO_TRAVERSAL
-        if self.scan.quiet is not None:
-            return Action.NATIVE, self.scan.quiet
-        if getattr(req, "session", None) is not None and enabled(Reason.SESSION):
-            return Action.NATIVE, Reason.SESSION
-        if enabled(Reason.NO_PRODUCER) and t.quiet():
-            # NOTE: no producer indexed (none in flight, none admitted yet this scan): nothing
-            # can be Blocked; a request parked last round is rechecked and goes native
-            self.quiet_visits += 1
-            t.waits.release(req.rid)
-            self.scan.independent = req.rid
-            return Action.NATIVE, Reason.NO_PRODUCER
-        tokens, ns = req_tokens(req), namespace(req)
-        hits = t.may_block(req.rid, ns, tokens)
-        if not hits and enabled(Reason.NO_SHARER):
-            t.waits.release(req.rid)  # rechecked: no live producer, native handling
-            self.scan.independent = req.rid  # NOTE: `_newcomer_defers` reads it next
-            return Action.NATIVE, Reason.NO_SHARER
-        if adder.new_chunked_req is not None and self.scan.fork_chunk is None:
-            t.fork_slots = 0  # a native chunk took SGLang's one chunk slot first
-        sibs: dict[int, int] = {}
-        if not req.is_dllm():
-            c0 = Candidate(req.rid, ns, tokens, 0, req._compute_max_prefix_len(len(tokens)))
-            if enabled(Reason.NOT_BLOCKED) and t.classify(c0, hits) is None:
-                # NOTE: not Blocked even with nothing ready (a larger ready prefix only shrinks
-                # the gain): skip the probe match, native handling matches once, as stock does
-                t.waits.release(req.rid)
-                return Action.NATIVE, Reason.NOT_BLOCKED
-            if (self.spec.cost_aware and enabled(Reason.RECOMPUTE_UNPROBED)
-                    and self._recomputes_unprobed(sched, req, adder, c0, hits, sibs)):
-                t.waits.release(req.rid)  # recomputing wins even at the largest gain
-                self.stats.recomputed += 1
-                return Action.NATIVE, Reason.RECOMPUTE_UNPROBED
-        # NOTE: probe the ready prefix without copy-on-write; admission re-matches natively.
-        self.stats.probed += 1
-        req.init_next_round_input(sched.tree_cache, cow_mamba=False)
-        cand = Candidate(req.rid, ns, tokens, req.prefix_len,
-                         req._compute_max_prefix_len(len(tokens)))
-        b = t.classify(cand, hits)
-        if b is None and enabled(Reason.NOT_BLOCKED):
-            t.waits.release(req.rid)  # rechecked: no longer Blocked, native handling
-            return Action.NATIVE, Reason.NOT_BLOCKED
-        why = Reason.ALWAYS_WAIT
-        if self.spec.cost_aware:
-            verdict, b = self._decide(sched, req, adder, cand, b, sibs)
-            why = verdict.reason
-            if not verdict.wait:
-                t.waits.release(req.rid)  # recomputing its gain now costs less
-                self.stats.recomputed += 1
-                return Action.NATIVE, why
-            self._scan_view().parked(len(tokens) - b.depth)
-        if not t.park(cand, b):
-            return Action.NATIVE, Reason.BOUND_SPENT
-        release_parked(sched, req)
-        self._apply_fork(b, adder)
-        self.requests[req.rid].rounds_parked += 1
-        self.scan.parked_on = b  # NOTE: the trace's detail of this park (`park`)
-        return Action.PARK, why
-
-    def _decide(self, sched: Scheduler, req: Req, adder: PrefillAdder, cand: Candidate,
-                b: Blocking, sibs: dict[int, int]) -> tuple[Verdict, Blocking]:
-        """The cost-aware wait rule for a probed Blocked `cand` (core/traversal.py `decide`):
-        its verdict and the Blocking it would park with."""
-        t = self.traversal
-        first = t.group_verdict(cand, b) is None  # NOTE: the rest follow its verdict
-        sib = self._siblings(req, cand.tokens, t.group_depth(b), sibs) if first else 0
-        view = self._view(req, adder, sib, b.producer)
-        if first:  # NOTE: no_buffer: a fork cut takes SGLang's one chunk slot
-            view = slot.priced(self, self._scan_view(), sched, req, b, view)
-        verdict = t.decide(cand, b, view, self.cost.decision_coeffs)
-        b = t.placed(cand, b)
-        if self._trace is not None:
-            self._emit({"event": "decide", "round": self.round, "rid": req.rid,
-                        "producer": b.producer, "ready": b.ready, "depth": b.depth,
-                        "length": len(cand.tokens), "fork": b.fork, "wait": verdict.wait,
-                        "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
-                        "tail": verdict.tail,
-                        "view": view.__dict__, "probed": True, "reason": verdict.reason})
-        return verdict, b
+        f = VisitFacts(self, sched, req, adder)
+        action, why = visit(f)
+        f.apply(action, why)
+        return action, why
 
     def _decided(self, point: str, rid: str, action: Action, why: Reason) -> None:
         """Count one decision by its reason (/server_info, Prometheus) and trace it."""
@@ -726,29 +644,13 @@ class RadixFlowRuntime:
         return action is Action.DEFER
 
     def _defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
-        """The DEFER rules, in the rulebook's order; the first that fires decides (an ablated
-        one, `enabled` False, lets the next decide; without `fragment`, no fragment guard)."""
-        if enabled(Reason.NEWCOMER) and self._newcomer_defers(sched, req, adder):
-            return Action.DEFER, Reason.NEWCOMER
-        left = adder.rem_chunk_tokens
-        if enabled(Reason.NO_CUT) and (left is None or not adder.can_run_list):
-            return Action.ADMIT, Reason.NO_CUT
-        if enabled(Reason.BOUNDARY_SLOT) and self._boundary_defer(sched, req, adder):
-            return Action.DEFER, Reason.BOUNDARY_SLOT
-        cut = chunk_cut(sched, adder, req, left)
-        if cut is None and enabled(Reason.FITS):
-            return Action.ADMIT, Reason.FITS
-        if self.scan.fork_chunk is not None and enabled(Reason.FORK_SLOT):
-            return Action.DEFER, Reason.FORK_SLOT
-        guard = self.spec.frag and enabled(Reason.FRAGMENT)
-        if enabled(Reason.NATIVE_CUT) and (not guard or cut <= 0 or cut >= self.grid.size):
-            return Action.ADMIT, Reason.NATIVE_CUT
-        n = self.frag_deferred.get(req.rid, 0)
-        if n >= self.cfg.frag_cap and enabled(Reason.FRAG_CAP):
-            return Action.ADMIT, Reason.FRAG_CAP
-        self.frag_deferred[req.rid] = n + 1
-        self.stats.frag_deferred += 1
-        return Action.DEFER, Reason.FRAGMENT
+        """The DEFER rules (core/points.py `defer`) over `req`'s facts; a fragment's deferral
+        is counted toward its cap."""
+        action, why = defer(DeferFacts(self, sched, req, adder))
+        if why is Reason.FRAGMENT:
+            self.frag_deferred[req.rid] = self.frag_deferred.get(req.rid, 0) + 1
+            self.stats.frag_deferred += 1
+        return action, why
 
     def _newcomer_defers(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """Keep a request no live producer shares a prefix with out of a round that runs

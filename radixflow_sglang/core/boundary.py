@@ -670,7 +670,7 @@ def publish_rule(depth: int | None, layout: Layout, can_cut: bool, keep: Callabl
     a round; `unused`: no_buffer, nobody is expected to use the cut while a queued group wants
     the slot; `pays`: a learned cut (no_buffer, or extra_buffer's keep) pays for its round.
     Asked lazily, in order."""
-    if depth is None and enabled(Reason.OUTSIDE):
+    if depth is None:
         return Reason.OUTSIDE
     if layout is Layout.EXTRA_BUFFER:
         if can_cut and keep():

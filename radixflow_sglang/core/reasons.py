@@ -72,9 +72,9 @@ class Reason(StrEnum):
     COMMITTED_WAIT = "committed_wait"  # a 2-round wait (overlap) kept on its second visit
     BOUND_WOULD_CUT = "bound_would_cut"  # the park bound releases it before the state publishes
     GROUP_UNPROBED = "group_unprobed"  # its sibling group recomputed unprobed this scan
+    TAIL_GUARD = "tail_guard"  # waiting would make its question the slowest: recompute
     WAIT_WINS = "wait_wins"  # waiting adds less latency than recomputing (group verdict)
     RECOMPUTE_WINS = "recompute_wins"  # recomputing its gain now adds less latency
-    TAIL_GUARD = "tail_guard"  # waiting would make its question the slowest: recompute
     BOUND_SPENT = "bound_spent"  # parked its last allowed round: native handling
 
     # --- DEFER (RadixFlowRuntime._defer), checked in this order --------------------------------
@@ -129,6 +129,9 @@ class Rule:
     action: Action  # what the decision does when this rule fires
     says: str  # one line, the rule
     default: bool = False  # the point's otherwise (or a policy's): never ablated
+    # keeps a later rule from reading a fact it cannot have (its absence would crash, cut at no
+    # depth or starve): never ablated
+    guard: bool = False
 
 
 HOLD, ORDER, VISIT, DEFER, PLACE, PUBLISH = "hold", "order", "visit", "defer", "place", "publish"
@@ -147,7 +150,8 @@ RULEBOOK: tuple[Rule, ...] = (
          "parked in an earlier scan (the wait set, rechecked): visited before the rest"),
     Rule(ORDER, Reason.QUEUE_ORDER, Action.NATIVE, "otherwise: SGLang's order", default=True),
     Rule(VISIT, Reason.HELD, Action.HOLD, "the admission hold has not released it"),
-    Rule(VISIT, Reason.NO_TRAVERSAL, Action.NATIVE, "the policy has no traversal (or no reuse)"),
+    Rule(VISIT, Reason.NO_TRAVERSAL, Action.NATIVE, "the policy has no traversal (or no reuse)",
+         guard=True),
     Rule(VISIT, Reason.QUIET_SCAN, Action.NATIVE, "a quiet scan: no candidate can wait"),
     Rule(VISIT, Reason.UNSHARED_SCAN, Action.NATIVE,
          "a quiet scan: no queued request shares its first block with another or with a live "
@@ -161,7 +165,7 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(VISIT, Reason.NO_SHARER, Action.NATIVE, "no live producer shares a block with it"),
     Rule(VISIT, Reason.NOT_BLOCKED, Action.NATIVE,
          "not Blocked: no producer publishes >= theta past its ready prefix within reach "
-         "(checked with nothing ready, then after the probe match)"),
+         "(checked with nothing ready, then after the probe match)", guard=True),
     Rule(VISIT, Reason.RECOMPUTE_UNPROBED, Action.NATIVE,
          "cost-aware: recomputing wins at every ready prefix it could have (no probe)"),
     Rule(VISIT, Reason.ALWAYS_WAIT, Action.PARK, "always-wait rule: Blocked parks",
@@ -172,19 +176,21 @@ RULEBOOK: tuple[Rule, ...] = (
          "cost-aware: the park bound releases it before the state is published"),
     Rule(VISIT, Reason.GROUP_UNPROBED, Action.NATIVE,
          "cost-aware: its sibling group recomputed unprobed in this scan"),
+    Rule(VISIT, Reason.TAIL_GUARD, Action.NATIVE,
+         "cost-aware: waiting wins on summed latency but would make its question the slowest "
+         "the choice affects (a veto of the wait)"),
     Rule(VISIT, Reason.WAIT_WINS, Action.PARK,
          "cost-aware: waiting adds less latency than recomputing (one verdict per sibling "
          "group; at the producer's learned mark where waiting for it still wins)"),
     Rule(VISIT, Reason.RECOMPUTE_WINS, Action.NATIVE, "cost-aware: recomputing now adds less"),
-    Rule(VISIT, Reason.TAIL_GUARD, Action.NATIVE,
-         "cost-aware: the wait would make its question the slowest the choice affects"),
     Rule(VISIT, Reason.BOUND_SPENT, Action.NATIVE, "its park bound is spent"),
     Rule(DEFER, Reason.NEWCOMER, Action.DEFER,
          "cost-aware: joining a released consumer's round costs more than a round (once)"),
-    Rule(DEFER, Reason.NO_CUT, Action.ADMIT, "no chunk budget, or the round's first request"),
+    Rule(DEFER, Reason.NO_CUT, Action.ADMIT, "no chunk budget, or the round's first request",
+         guard=True),
     Rule(DEFER, Reason.BOUNDARY_SLOT, Action.DEFER,
          "no_buffer: its boundary cut must wait for SGLang's one chunk slot"),
-    Rule(DEFER, Reason.FITS, Action.ADMIT, "it fits the residual chunk budget whole"),
+    Rule(DEFER, Reason.FITS, Action.ADMIT, "it fits the residual chunk budget whole", guard=True),
     Rule(DEFER, Reason.FORK_SLOT, Action.DEFER,
          "a fork-cut producer holds SGLang's one chunk slot"),
     Rule(DEFER, Reason.NATIVE_CUT, Action.ADMIT, "the cut is no fragment, or no fragment guard"),
@@ -206,7 +212,7 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth",
          default=True),
     Rule(PUBLISH, Reason.OUTSIDE, Action.NATIVE,
-         "the boundary's grid floor is not inside this extend"),
+         "the boundary's grid floor is not inside this extend", guard=True),
     Rule(PUBLISH, Reason.KEEP_UNPAID, Action.NATIVE,
          "extra_buffer, not declared: the slot is free and the lost tail costs more than a "
          "round, but the cut does not pay for its round (cut must pay, tail guard)"),
@@ -243,14 +249,16 @@ def rulebook_table() -> str:
     prints it; tests/test_reasons.py checks the design carries it verbatim)."""
     head = ["| # | point | rule (reason) | action | says |", "|---|---|---|---|---|"]
     rows = [f"| {n} | {r.point} | `{r.reason.value}` | {r.action.value} | {r.says}"
-            f"{' (default: not ablatable)' if r.default else ''} |"
+            f"{' (default: not ablatable)' if r.default else ''}"
+            f"{' (guard: not ablatable)' if r.guard else ''} |"
             for n, r in enumerate(RULEBOOK, 1)]
     return "\n".join(head + rows) + "\n"
 
 
 # --- ablation: disable named rules (eval/ablation.py, tests/test_rules.py) --------------------
 ABLATE_ENV = "RADIXFLOW_ABLATE"
-ABLATABLE: tuple[Reason, ...] = tuple(r.reason for r in RULEBOOK if not r.default)
+ABLATABLE: tuple[Reason, ...] = tuple(r.reason for r in RULEBOOK
+                                      if not (r.default or r.guard))
 
 
 def parse_ablate(names: str | Iterable[str | Reason]) -> frozenset[Reason]:
@@ -262,7 +270,8 @@ def parse_ablate(names: str | Iterable[str | Reason]) -> frozenset[Reason]:
         if not name:
             continue
         if name not in {r.value for r in ABLATABLE}:
-            kind = "a default rule" if name in {r.value for r in Reason} else "no rule"
+            kind = ("no rule" if name not in {r.value for r in Reason}
+                    else "a guard" if RULES[Reason(name)].guard else "a default rule")
             raise ValueError(f"{ABLATE_ENV}: {name!r} is {kind}; ablatable rules: "
                              f"{', '.join(r.value for r in ABLATABLE)}")
         out.add(Reason(name))

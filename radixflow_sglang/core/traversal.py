@@ -27,8 +27,9 @@ from .cost import (
 )
 from .grid import Grid, Layout
 from .outcome import Blocking
+from .points import wait
 from .producers import Producer, ProducerIndex, TokenChains
-from .reasons import Reason, enabled
+from .reasons import Reason
 from .stats import RoundStats
 from .waitset import WaitSet
 
@@ -199,50 +200,36 @@ class Traversal:
 
     def decide(self, c: Candidate, b: Blocking, view: RoundView, cost: CostCoeffs) -> Verdict:
         """Cost-aware rule: does waiting for `b` add less summed latency than recomputing?
-
-        An in-flight producer publishes after this round (lag 1); one admitted in this scan
-        after `cfg.lag` rounds. Siblings (Blocked from the same ready prefix, sharing the tokens
-        to the group depth) get one verdict per scan: the first decides for its group
-        (`group_wait_wins`, `view.siblings`), the rest follow it; a split makes their question
-        wait for both. A wait decided over 2 rounds (overlap) is kept on its second visit to
-        the same producer: its cost was counted whole, and re-deciding on the rest alone splits
-        siblings too. Always True without `cost_aware`. Records only the 2-round waits. The
-        verdict names the rule that decided (`Verdict.reason`, core/reasons.py)."""
+        core/points.py `wait` over `WaitFacts` (the rules, in order); the verdict names the
+        rule that decided (`Verdict.reason`). Always True without `cost_aware`."""
         if not self.cfg.cost_aware:
             return Verdict(True, 0.0, 0.0, reason=Reason.ALWAYS_WAIT)
-        if (enabled(Reason.COMMITTED_WAIT) and self._committed.get(c.rid) == b.producer
-                and b.producer in self._inflight):
-            return Verdict(True, 0.0, 0.0, reason=Reason.COMMITTED_WAIT)
-        lag = 1 if b.producer in self._inflight else self.cfg.lag
-        if enabled(Reason.BOUND_WOULD_CUT) and 0 < self.waits.rounds_left(c.rid) < lag:
-            # NOTE: the bound releases it before the state is published: it would park, then
-            # recompute the same gain rounds later (a chain of waits under overlap). A spent
-            # bound (0 left) is `park`'s to count.
-            return Verdict(False, 0.0, 0.0, reason=Reason.BOUND_WOULD_CUT)
-        key = self._group(c, b)
+        f = WaitFacts(self, c, b, lambda: view, cost)
+        return f.outcome(wait(f)[1])
+
+    def _group_verdict(self, c: Candidate, b: Blocking, key: tuple, lag: int,
+                       view: Callable[[], RoundView], cost: CostCoeffs) -> Verdict:
+        """The verdict of `c`'s sibling group this scan: the first sibling's cost comparison
+        (`group_wait_wins`, `view()` asked only then), which the rest follow. An in-flight
+        producer publishes after this round (lag 1); one admitted in this scan after `cfg.lag`
+        rounds."""
         v = self._groups.get(key)
-        if v is None and enabled(Reason.GROUP_UNPROBED) and _unready(key) in self._unprobed:
-            # NOTE: its group recomputed unprobed
-            v = self._groups[key] = Verdict(False, 0.0, 0.0, reason=Reason.GROUP_UNPROBED)
-        if v is None:
-            v = group_wait_wins(cost, self._case(c, b, lag), view)
-            self._groups[key] = v
-            if v.wait and b.mark is not None:
-                # NOTE: the fork's verdict decides; the cut moves to the mark only where the
-                # group still waits for it (a smaller gain, a longer rest: a marginal wait at
-                # the fork recomputes at the mark, and its question then runs cold whole)
-                m = Blocking(b.producer, b.mark, b.ready, b.fork)
-                vm = group_wait_wins(cost, self._case(c, m, lag), view)
-                if vm.wait:
-                    at = self._group(c, m)
-                    self._groups[at] = vm
-                    self._group_waits.add(_unready(at))
-                    self._marked[key] = m
-                    v = vm
-        if v.wait:
-            self._group_waits.add(_unready(key))
-            if lag > 1:
-                self._committing[c.rid] = b.producer
+        if v is not None:
+            return v
+        rv = view()
+        v = self._groups[key] = group_wait_wins(cost, self._case(c, b, lag), rv)
+        if v.wait and b.mark is not None:
+            # NOTE: the fork's verdict decides; the cut moves to the mark only where the
+            # group still waits for it (a smaller gain, a longer rest: a marginal wait at
+            # the fork recomputes at the mark, and its question then runs cold whole)
+            m = Blocking(b.producer, b.mark, b.ready, b.fork)
+            vm = group_wait_wins(cost, self._case(c, m, lag), rv)
+            if vm.wait:
+                at = self._group(c, m)
+                self._groups[at] = vm
+                self._group_waits.add(_unready(at))
+                self._marked[key] = m
+                v = vm
         return v
 
     def placed(self, c: Candidate, b: Blocking) -> Blocking:
@@ -293,12 +280,8 @@ class Traversal:
         self._unprobed.update(groups)
         return True
 
-    def park(self, c: Candidate, b: Blocking) -> bool:
-        """Park a Blocked request; False when its bound is spent (caller goes native)."""
-        if enabled(Reason.BOUND_SPENT) and not self.waits.may_park(c.rid):
-            self.waits.release(c.rid)
-            self.stats.released_by_bound += 1
-            return False
+    def park(self, c: Candidate, b: Blocking) -> None:
+        """Park a Blocked request (core/points.py `visit` checked its bound)."""
         p = self.index.get(b.producer)
         assert p is not None
         if b.fork and (p.publish is None or b.depth < p.publish):
@@ -310,7 +293,6 @@ class Traversal:
         p.consumers.append(c.rid)
         self.waits.park(c.rid, self.round, b.producer, b.depth)
         self.stats.blocked += 1
-        return True
 
     def admitted(self, p: Producer) -> None:
         """A request the native admission selected becomes a producer for later candidates."""
@@ -323,6 +305,61 @@ class Traversal:
         self._committing.pop(rid, None)
         self.index.remove(rid)
         self.chains.forget(rid)
+
+
+class WaitFacts:
+    """core/points.py `wait`'s facts for a probed Blocked candidate `c` of this scan, each read
+    only when a rule reaches it. Siblings (Blocked from the same ready prefix, sharing the
+    tokens to the group depth) get one verdict per scan: the first's comparison
+    (`group_wait_wins` over `view()`, its `RoundView.siblings`), which the rest follow; a split
+    makes their question wait for both. A wait decided over 2 rounds (overlap) is kept on its
+    second visit to the same producer: its cost was counted whole. Reading `group_unprobed`
+    or `verdict` records the group's verdict, as deciding it does."""
+
+    def __init__(self, t: Traversal, c: Candidate, b: Blocking, view: Callable[[], RoundView],
+                 cost: CostCoeffs) -> None:
+        self.t, self.c, self.b, self.view, self.cost = t, c, b, view, cost
+        self.lag = 1 if b.producer in t._inflight else t.cfg.lag
+        self._verdict: Verdict | None = None
+
+    @property
+    def committed(self) -> bool:
+        t = self.t
+        return t._committed.get(self.c.rid) == self.b.producer and self.b.producer in t._inflight
+
+    @property
+    def bound_would_cut(self) -> bool:
+        # NOTE: it would park, then recompute the same gain rounds later (a chain of waits
+        # under overlap). A spent bound (0 left) is VISIT's `bound_spent`.
+        return 0 < self.t.waits.rounds_left(self.c.rid) < self.lag
+
+    @property
+    def group_unprobed(self) -> bool:
+        t, key = self.t, self.t._group(self.c, self.b)
+        v = t._groups.get(key)
+        if v is None and _unready(key) in t._unprobed:  # NOTE: its group recomputed unprobed
+            v = t._groups[key] = Verdict(False, 0.0, 0.0, reason=Reason.GROUP_UNPROBED)
+        return v is not None and v.reason is Reason.GROUP_UNPROBED
+
+    @property
+    def verdict(self) -> Verdict:
+        if self._verdict is None:
+            t, key = self.t, self.t._group(self.c, self.b)
+            v = self._verdict = t._group_verdict(self.c, self.b, key, self.lag, self.view,
+                                                 self.cost)
+            if v.wait:
+                t._group_waits.add(_unready(key))
+                if self.lag > 1:
+                    t._committing[self.c.rid] = self.b.producer
+        return self._verdict
+
+    def outcome(self, why: Reason) -> Verdict:
+        """The verdict `why` gave (the trace's `decide` event; `Traversal.decide`)."""
+        if why in (Reason.COMMITTED_WAIT, Reason.BOUND_WOULD_CUT):
+            return Verdict(why is Reason.COMMITTED_WAIT, 0.0, 0.0, reason=why)
+        if why is Reason.GROUP_UNPROBED:
+            return self.t._groups[self.t._group(self.c, self.b)]
+        return self.verdict
 
 
 def _unready(key: tuple) -> tuple:

@@ -1,0 +1,125 @@
+"""VISIT and its wait rule: one ordered function per decision point (the shape of
+core/admission.py `Gate.decide`).
+
+Facts in, rules top to bottom, the first that fires decides: `(Action, Reason)` out. The facts
+are the caller's, each asked only when a rule reaches it, so a cheap rule that fires spares
+the expensive facts behind it (the adapter's `VisitFacts` probes SGLang's cache for `blocked`
+only; core/traversal.py `WaitFacts` prices a sibling group's wait for `verdict` only). The
+rulebook's VISIT rows are these rules in this order (tests/test_reasons.py reads them off the
+source). An ablated rule (core/reasons.py `enabled` False) lets the next decide; a guard (the
+rule that keeps a later one from reading a fact it cannot have) is not ablated.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .cost import Verdict
+from .reasons import Action, Reason, enabled
+
+
+class WaitFacts(Protocol):
+    """A probed Blocked candidate under the cost-aware rule (core/traversal.py `WaitFacts`)."""
+
+    committed: bool  # a 2-round wait (overlap) decided last scan, for this producer
+    bound_would_cut: bool  # the park bound releases it before the state publishes
+    group_unprobed: bool  # its sibling group recomputed unprobed in this scan
+    verdict: Verdict  # its sibling group's cost comparison (one per group and scan)
+
+
+class VisitFacts(WaitFacts, Protocol):
+    """One visited request (adapter/visit.py `VisitFacts`)."""
+
+    held: bool  # the admission hold has not released it
+    traversal: bool  # the policy traverses (and the cache can reuse a prefix)
+    quiet: Reason | None  # this scan runs with the hooks off, by that rule
+    session: bool  # a session request
+    producers: bool  # a live producer is indexed
+    sharers: bool  # a live producer shares a block with it
+    blocked_unready: bool  # Blocked even with nothing ready (no probe; True: ask the probe)
+    recomputes_unprobed: bool  # cost-aware: recomputing wins at every ready prefix it could have
+    blocked: bool  # Blocked at the ready prefix the probe match finds
+    cost_aware: bool  # the cost-aware wait rule (else every Blocked request parks)
+    bound_left: bool  # its park bound leaves it a round
+
+
+def visit(f: VisitFacts) -> tuple[Action, Reason]:
+    """VISIT: keep a visited request out of this round (held, parked) or hand it to SGLang."""
+    if enabled(Reason.HELD) and f.held:
+        return Action.HOLD, Reason.HELD
+    if not f.traversal:  # NOTE: a guard: no traversal, no producer to ask
+        return Action.NATIVE, Reason.NO_TRAVERSAL
+    if f.quiet in (Reason.QUIET_SCAN, Reason.UNSHARED_SCAN, Reason.COVERED_SCAN):
+        return Action.NATIVE, f.quiet  # NOTE: settled once per scan (`begin_scan`)
+    if enabled(Reason.SESSION) and f.session:
+        return Action.NATIVE, Reason.SESSION
+    if enabled(Reason.NO_PRODUCER) and not f.producers:
+        return Action.NATIVE, Reason.NO_PRODUCER
+    if enabled(Reason.NO_SHARER) and not f.sharers:
+        return Action.NATIVE, Reason.NO_SHARER
+    if not f.blocked_unready:  # NOTE: a guard: a larger ready prefix only shrinks the gain
+        return Action.NATIVE, Reason.NOT_BLOCKED
+    if enabled(Reason.RECOMPUTE_UNPROBED) and f.recomputes_unprobed:
+        return Action.NATIVE, Reason.RECOMPUTE_UNPROBED
+    if not f.blocked:  # NOTE: the same guard after the probe: nothing to wait for
+        return Action.NATIVE, Reason.NOT_BLOCKED
+    if not f.cost_aware:
+        action, why = Action.PARK, Reason.ALWAYS_WAIT  # NOTE: the paper's rule: every Blocked
+    else:
+        action, why = wait(f)
+    if action is Action.PARK and enabled(Reason.BOUND_SPENT) and not f.bound_left:
+        return Action.NATIVE, Reason.BOUND_SPENT  # NOTE: a guard against starvation
+    return action, why
+
+
+def wait(f: WaitFacts) -> tuple[Action, Reason]:
+    """The cost-aware wait rule for a probed Blocked request: park, or recompute its gain now.
+    The tail guard vetoes a wait that wins on summed latency; a sibling follows its group's
+    verdict (`verdict` is computed once per group and scan)."""
+    if enabled(Reason.COMMITTED_WAIT) and f.committed:
+        return Action.PARK, Reason.COMMITTED_WAIT
+    if enabled(Reason.BOUND_WOULD_CUT) and f.bound_would_cut:
+        return Action.NATIVE, Reason.BOUND_WOULD_CUT
+    if enabled(Reason.GROUP_UNPROBED) and f.group_unprobed:
+        return Action.NATIVE, Reason.GROUP_UNPROBED
+    v = f.verdict
+    if v.tail:
+        return Action.NATIVE, Reason.TAIL_GUARD
+    if v.wait:
+        return Action.PARK, Reason.WAIT_WINS
+    return Action.NATIVE, Reason.RECOMPUTE_WINS
+
+
+class DeferFacts(Protocol):
+    """A request native admission is about to take, after SGLang's match (adapter/facts.py
+    `DeferFacts`)."""
+
+    newcomer: bool  # cost-aware: joining a released consumer's round costs more than a round
+    chunking: bool  # a chunk budget, and rows taken before it (else nothing can be cut)
+    slot_wait: bool  # no_buffer: its boundary cut must wait for SGLang's one chunk slot
+    fits: bool  # it fits the residual chunk budget whole (SGLang's `add_one_req` would not cut)
+    fork_chunk: bool  # a fork-cut producer holds SGLang's one chunk slot this scan
+    fragment: bool  # +Frag: the cut would leave a fragment shorter than G (publishes no state)
+    frag_spent: bool  # its fragment deferrals are spent
+
+
+def defer(f: DeferFacts) -> tuple[Action, Reason]:
+    """DEFER: skip this round a request admitting would cut into a chunk it must not be, before
+    it consumes anything; else native admission (whole, or cut as SGLang cuts)."""
+    if enabled(Reason.NEWCOMER) and f.newcomer:
+        return Action.DEFER, Reason.NEWCOMER
+    if not f.chunking:  # NOTE: a guard: no chunk budget, no cut to ask about
+        return Action.ADMIT, Reason.NO_CUT
+    if enabled(Reason.BOUNDARY_SLOT) and f.slot_wait:
+        return Action.DEFER, Reason.BOUNDARY_SLOT
+    if f.fits:  # NOTE: a guard: the rules below read its cut
+        return Action.ADMIT, Reason.FITS
+    if enabled(Reason.FORK_SLOT) and f.fork_chunk:
+        return Action.DEFER, Reason.FORK_SLOT
+    if enabled(Reason.NATIVE_CUT) and not f.fragment:
+        return Action.ADMIT, Reason.NATIVE_CUT
+    if enabled(Reason.FRAG_CAP) and f.frag_spent:
+        return Action.ADMIT, Reason.FRAG_CAP
+    if enabled(Reason.FRAGMENT):
+        return Action.DEFER, Reason.FRAGMENT
+    return Action.ADMIT, Reason.NATIVE_CUT  # NOTE: the guard ablated: SGLang cuts it
