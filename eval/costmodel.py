@@ -175,7 +175,24 @@ def decode_terms(params: float, vocab: int, hidden: int, tied: bool,
 def cost_with(model: str, *, alpha_ms: float | None = None, beta_us: float | None = None,
               gamma_ms: float | None = None) -> CostModel:
     """`default_cost(model)` with alpha / beta / gamma overridden where given (ms, us, ms)."""
-    c = default_cost(model)
+    return override(default_cost(model), alpha_ms=alpha_ms, beta_us=beta_us, gamma_ms=gamma_ms)
+
+
+def profile_cost(profile: str, model: str, env: Mapping[str, str] | None = None,
+                 name: str = "--profile") -> CostModel:
+    """The simulated executor's cost at `profile` (radixflow_sglang/profiles.py; `env`: its
+    RADIXFLOW_SIM_* overrides) as the twin's: prefill alpha + beta * tokens + gamma * rows, a
+    decode step a forward of one token per row (adapter/simulated.py); errors name `name`."""
+    from radixflow_sglang.profiles import resolve
+
+    c = resolve(profile, model, env, name)
+    return CostModel(c.alpha, c.beta, c.gamma, source=f"simulated executor, {c.describe()}",
+                     dec_alpha=c.alpha, dec_gamma=c.beta + c.gamma)
+
+
+def override(c: CostModel, *, alpha_ms: float | None = None, beta_us: float | None = None,
+             gamma_ms: float | None = None) -> CostModel:
+    """`c` with alpha / beta / gamma overridden where given (ms, us, ms)."""
     given = (("alpha", alpha_ms, 1e-3), ("beta", beta_us, 1e-6), ("gamma", gamma_ms, 1e-3))
     over = {k: v * unit for k, v, unit in given if v is not None}
     if not over:

@@ -43,7 +43,7 @@ from eval.hostcost import HOST_CHOICES
 from eval.traffic import NSAMPLE_MODES, all_shape_fields, flag, shape_fields
 from eval.traffic import WORKLOADS as TRAFFIC_WORKLOADS
 from radixflow_sglang import models
-from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang.profiles import PROFILES
 
 PAPER_WORKLOADS = ("race", "quality", "mix", "synthetic")
 TRACE_WORKLOAD = "trace"  # eval/mooncake.py
@@ -84,9 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mix")
     p.add_argument("--model", choices=MODEL_CHOICES, default="qwen3.5-4b")
-    p.add_argument("--policies", type=cli.policies, default=["stock", "radix", "traversal"],
-                   help=f"comma-separated, from: {', '.join(POLICIES)} (default: "
-                        "stock,radix,traversal)")
+    p.add_argument("--policies", type=cli.arms, default=["stock", "radix", "traversal"],
+                   help=f"comma-separated, from: {', '.join(cli.ARMS)} (default: "
+                        f"stock,radix,traversal; {cli.STOCK_LPM}: SGLang's unmodified "
+                        "scheduler with --schedule-policy lpm)")
     p.add_argument("--regime", choices=REGIME_CHOICES, default=None,
                    help="paper workloads only (default all)")
     p.add_argument("--order", choices=ORDER_CHOICES, default=None,
@@ -103,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=LAYOUT_CHOICES, default="extra_buffer",
                    help="mamba cache layout of hybrid models (ignored for full attention)")
     p.add_argument("--overlap", action="store_true", help="overlap scheduling (publish lag 2)")
+    p.add_argument("--profile", choices=PROFILES, default=None,
+                   help="cost model: the simulated executor's at this profile "
+                        "(radixflow_sglang/profiles.py: box 5 ms + 2 us/token + 0.1 ms/row; "
+                        "paper the model's Table 9 rounds), as a live simulated server at "
+                        "--radixflow-sim-profile charges its rounds (default: none, "
+                        "eval/costmodel.py's first-principles GPU model)")
     p.add_argument("--alpha-ms", type=cli.non_negative(float, "a number"), default=None,
                    help="cost model: fixed ms per round (default: eval/costmodel.py's)")
     p.add_argument("--beta-us", type=cli.non_negative(float, "a number"), default=None,
@@ -260,7 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     shape = check_workload_flags(parser, args)
     spec = trace_spec(parser, args)
     from eval import report
-    from eval.costmodel import cost_with
     from eval.hostcost import host_model
     from eval.twin import run_arm
     from eval.workload import workload
@@ -271,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "regime": args.regime, "order": args.order, "rate": args.rate,
         "questions": args.questions, "seed": args.seed, "layout": args.layout,
         "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
-        "executor": args.executor, "undeclared": args.undeclared,
+        "executor": args.executor, "undeclared": args.undeclared, "profile": args.profile,
     }
     if args.workload in TRAFFIC_WORKLOADS:
         from eval.traffic import describe
@@ -289,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"eval/replay.py: error: cannot build the workload: {e}", file=sys.stderr)
             return 2
-    cost = cost_with(args.model, alpha_ms=args.alpha_ms, beta_us=args.beta_us,
-                     gamma_ms=args.gamma_ms)
+    try:
+        cost = replay_cost(args)
+    except ValueError as e:
+        parser.error(str(e))
     host = host_model(args.host_cost)
     config["cost_model"] = cost.as_dict()
     config["host_cost"] = host.as_dict() if host is not None else None
@@ -315,10 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     arms = {}
     for policy in args.policies:
-        res = run_arm(segments, args.model, policy, layout=args.layout, overlap=args.overlap,
+        base, kit = arm_args(policy)
+        res = run_arm(segments, args.model, base, layout=args.layout, overlap=args.overlap,
                       seed=args.seed, progress=progress, cost=cost, host=host,
-                      radixflow_config=trace_config(args.trace, policy),
-                      executor=args.executor)
+                      radixflow_config=trace_config(args.trace, base), executor=args.executor,
+                      kit_overrides=kit)
         arms[policy] = res
         if res.ok:
             m = res.metrics
@@ -346,6 +355,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eval/replay.py: outputs differ from stock under {', '.join(differ)}",
               file=sys.stderr)
     return 1 if broken or differ else 0
+
+
+def replay_cost(args: argparse.Namespace):
+    """--profile's simulated-executor cost (else the first-principles model), then --alpha-ms,
+    --beta-us, --gamma-ms over it."""
+    from eval.costmodel import default_cost, override, profile_cost
+
+    base = (default_cost(args.model) if args.profile is None
+            else profile_cost(args.profile, args.model))
+    return override(base, alpha_ms=args.alpha_ms, beta_us=args.beta_us, gamma_ms=args.gamma_ms)
+
+
+def arm_args(arm: str) -> tuple[str, dict | None]:
+    """(policy, run_arm's kit_overrides) of an arm: stock-lpm is stock with SGLang's lpm."""
+    policy, schedule = cli.arm_policy(arm)
+    return policy, None if schedule is None else {"schedule_policy": schedule}
 
 
 def output_agreement(arms: dict) -> dict[str, dict[str, int]]:

@@ -738,11 +738,13 @@ def probe_segments(seed: int = 0, tokens: int = 8192) -> list[Segment]:
 def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str = "extra_buffer",
             overlap: bool = False, cost: CostModel | None = None, seed: int = 0,
             progress: bool = False, host: Any = None,
-            radixflow_config: Any = None, executor: str = "witness") -> ArmResult:
+            radixflow_config: Any = None, executor: str = "witness",
+            kit_overrides: dict[str, Any] | None = None) -> ArmResult:
     """`replay`, where a failure is a failed arm: it carries its error and no numbers.
 
     `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
-    time, and the cost model's alpha/gamma lose their host part) or None (free scans)."""
+    time, and the cost model's alpha/gamma lose their host part) or None (free scans).
+    `kit_overrides`: KitConfig fields (e.g. schedule_policy "lpm" for the stock-lpm arm)."""
     from eval.hostcost import gpu_cost
 
     t0 = time.perf_counter()
@@ -751,7 +753,8 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
         fn = host.host_fn(policy) if host is not None else None
         res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
                      seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host),
-                     radixflow_config=radixflow_config, executor=executor)
+                     radixflow_config=radixflow_config, executor=executor,
+                     kit_overrides=kit_overrides)
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)
