@@ -11,7 +11,9 @@ The traffic workloads (eval/traffic.py) take their shape flags instead of the pa
 
 gsp: --groups --prompts-per-group --system-len --question-len --output-len (default 16 x 4,
 2,048, 64, 4; --rate default inf, the burst); gsp-paced: the same, siblings after their group's
-first request; nsample: --nsample-mode burst|warm --prompts --n --prompt-len --output-len
+first request; sibling-after-completion: the same flags (16 x 4, 1,024, 64, 1; --rate 2
+groups/s), one sibling alone, the rest after it completed, no boundary declared; nsample:
+--nsample-mode burst|warm --prompts --n --prompt-len --output-len
 (16 prompts, n 8, 1,024, 128; --rate 1); multiturn: --conversations --turns --prompt-len
 --user-len --output-len --think-s (8 x 4, 1,024, 128, 128, 1 s; --rate 1); noshare: --prompts
 --prompt-len --output-len (64, 2,112, 4; --rate 4). summary.json's config records the shape.
@@ -22,6 +24,11 @@ A Mooncake-format trace (eval/mooncake.py: hash id -> a fixed block of 512 ids) 
 --workload trace --trace-file FILE [--trace-speed X (arrival = timestamp / 1000 / X)]
 [--trace-window START:N] [--trace-max-input 30000 (longer records left out, counted)]
 [--trace-max-output 256]; summary.json's config.trace_workload records what was kept.
+
+--profile box|paper prices rounds as the simulated executor does at that cost profile
+(radixflow_sglang/profiles.py; a live server's --radixflow-sim-profile), --alpha-ms/--beta-us/
+--gamma-ms over it; without it the first-principles GPU model (eval/costmodel.py). --policies
+takes stock-lpm too: SGLang's unmodified scheduler with --schedule-policy lpm.
 
 Each policy is one arm: a fresh kit (SGLang's real scheduler on CPU) replays every segment in
 virtual time (eval/twin.py). `--trace DIR` writes each non-stock arm's RadixFlow trace to

@@ -55,8 +55,17 @@ pace it).
 
 The twin (`--twin`, default on): after the live arms, each ids arm's policy and boundary mode
 replays the same workload through eval/twin.py in virtual time (on CPU with the simulated
-executor's cost model and the mamba layout the arm's server resolved; free scans), and
-report.md puts its scheduled tokens, zero-hit followers and latency next to the live ones.
+executor's cost model at the run's profile and the mamba layout the arm's server resolved; its
+scans charged by eval/hostcost.py's deterministic `model`, calibrated on this kind of CPU box,
+where the live host is known: `--twin-host`, default auto = model on CPU, free scans on a GPU
+box), and report.md puts its scheduled tokens, zero-hit followers and latency next to the live
+ones.
+
+`--profiles box,paper` (radixflow_sglang/profiles.py) runs every arm, its twin and the bench
+runs at each simulated-executor cost profile (`--radixflow-sim-profile` on each server),
+OUT/profile-NAME/ each, and writes OUT/profiles.md: per profile and arm the live and the twin's
+ratios to stock side by side. `--policies` takes `stock-lpm` too: SGLang's unmodified scheduler
+with `--schedule-policy lpm`, its own arm and rows.
 
 Every arm gets the same server arguments and the same offered trace; arms are isolated by a
 fresh server each and by per-arm cache namespaces (`extra_key`). A failed arm is recorded with
