@@ -124,6 +124,10 @@ class CostModel(CostCoeffs):
     dec_alpha: float = 0.0  # s per decode step (0: decode is free; default_cost derives it)
     dec_gamma: float = 0.0  # s per decode row
     dec_kv: float = 0.0  # s per cached token a decode step reads
+    # NOTE: True for the simulated executor's profiles: its forward sleeps the whole cost and
+    # the scheduler's scan comes on top, so a host model (eval/hostcost.py gpu_cost) takes
+    # nothing out of alpha/gamma; a GPU model's alpha holds the stock scan (module docstring)
+    forward_only: bool = False
 
     def batch(self, extend: Mapping[str, int], prefix: Mapping[str, int]) -> float:
         """Cost of one round given per-request extend and prefix lengths (a kit Round's)."""
@@ -187,7 +191,7 @@ def profile_cost(profile: str, model: str, env: Mapping[str, str] | None = None,
 
     c = resolve(profile, model, env, name)
     return CostModel(c.alpha, c.beta, c.gamma, source=f"simulated executor, {c.describe()}",
-                     dec_alpha=c.alpha, dec_gamma=c.beta + c.gamma)
+                     dec_alpha=c.alpha, dec_gamma=c.beta + c.gamma, forward_only=True)
 
 
 def override(c: CostModel, *, alpha_ms: float | None = None, beta_us: float | None = None,

@@ -264,3 +264,21 @@ def test_sibling_after_completion_sends_one_sibling_alone_then_the_rest_after_it
     with pytest.raises(ValueError, match="--n does not apply to --workload "
                                          "sibling-after-completion"):
         traffic.segments(traffic.SIBLING, MODEL, n=2)
+
+
+def test_a_profiles_forward_is_not_shortened_by_the_host_model():
+    """The simulated executor sleeps the whole profile cost and scans on top: with a host model
+    the twin charges the forward all of it (a GPU model's alpha holds the stock scan: there the
+    host model takes the scan out)."""
+    from types import SimpleNamespace
+
+    from eval.costmodel import default_cost, profile_cost
+    from eval.hostcost import gpu_cost, host_model
+
+    rnd = SimpleNamespace(extend={"a": 1088}, prefix={"a": 0}, rids=["a"])
+    host = host_model("model")
+    sim = profile_cost("box", MODEL)
+    assert gpu_cost(sim, host)(rnd) == sim.batch(rnd.extend, rnd.prefix) == pytest.approx(
+        0.005 + 2e-6 * 1088 + 1e-4)
+    gpu = default_cost(MODEL)
+    assert gpu_cost(gpu, host)(rnd) < gpu.batch(rnd.extend, rnd.prefix)
