@@ -458,12 +458,12 @@ def calibrated_cost(trace: Path, overlap: bool, default):
 
 
 def twin_pair(segments, args: argparse.Namespace, cost, layout: str,
-              host=None) -> dict[str, Any]:
+              host=None, lag: float = 0.0) -> dict[str, Any]:
     """The twin's stock and radixflow (and, --lpm, stock-lpm) on the same requests, their
     ratios to stock (`host`: scans charged, eval/hostcost.py)."""
     arms = (*ARMS, LPM) if getattr(args, "lpm", False) else ARMS
     preds = {a: run_arms.twin_prediction(run_arms.ArmSpec.of(a), segments, args.model,
-                                         args.overlap, args.seed, cost, layout, host)
+                                         args.overlap, args.seed, cost, layout, host, lag)
              for a in arms}
     out = {"ratios": ab_report.twin_ratios(preds[ARMS[0]], preds[ARMS[1]]),
            "arms": preds, "layout": layout, "cost_model": cost.as_dict()}
@@ -510,6 +510,21 @@ def declared_note(r: dict[str, Any]) -> str:
     return f"every fork declared (the bound of learning them, same arrivals and h): {cells}"
 
 
+def client_release_lag(w: Workload, ref: RunRecord | None, segs) -> tuple[float, str]:
+    """(seconds, note): how far apart the live radixflow run's server registered the questions
+    one completion released (eval/run_arms.py release_lag), for the twin of a client workload;
+    0 for bench_serving workloads (their twin replays arrivals its own way)."""
+    from eval.client import load_trace
+
+    if w.bench is not None or ref is None:
+        return 0.0, ""
+    lag = run_arms.release_lag(load_trace(Path(ref.dir) / "trace.jsonl"), segs, "radixflow/")
+    if lag is None:
+        return 0.0, ""
+    return lag, (f"; released questions {lag * 1e3:.1f} ms apart, as the live radixflow run "
+                 "registered them")
+
+
 def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespace,
                   gpu: bool) -> dict[str, Any]:
     """{"default": ..., "scans": ..., "calibrated": ..., "replay": ...}: the twin's ratios
@@ -525,15 +540,17 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
     except (OSError, ValueError) as e:
         return {"default": {"note": f"FAILED to build the twin's workload: {e}"}}
     default = run_arms.twin_cost(args.model, gpu, getattr(args, "sim_profile", None))
-    out = {"default": twin_pair(segs, args, default, layout)}
-    out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}"
-    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"))
+    lag, lag_note = client_release_lag(w, ref, segs)
+    out = {"default": twin_pair(segs, args, default, layout, lag=lag)}
+    out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}{lag_note}"
+    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"), lag)
     out["scans"]["note"] = (f"{default.source} cost model, each scan charged its CPU time "
-                            f"measured on this host (eval/hostcost.py `measured`), layout {layout}")
+                            f"measured on this host (eval/hostcost.py `measured`), layout "
+                            f"{layout}{lag_note}")
     cost, note = ((None, "no radixflow run succeeded") if ref is None
                   else calibrated_cost(Path(ref.dir) / "trace.jsonl", args.overlap, default))
     out["calibrated"] = ({"note": note} if cost is None
-                         else twin_pair(segs, args, cost, layout) | {"note": note})
+                         else twin_pair(segs, args, cost, layout, lag=lag) | {"note": note})
     if w.bench is not None:
         out["replay"] = live_twin(w, runs, segs, args, default, layout)
     for name, t in out.items():

@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "paper the model's Table 9 rounds), as a live simulated server at "
                         "--radixflow-sim-profile charges its rounds (default: none, "
                         "eval/costmodel.py's first-principles GPU model)")
+    p.add_argument("--release-lag-ms", type=cli.non_negative(float, "a number"), default=0.0,
+                   help="questions one completion releases (gsp-paced, sibling-after-"
+                        "completion siblings) reach the scheduler this many ms apart, in send "
+                        "order, as a live server's HTTP and tokenizer take them in turn; "
+                        "latency still counts from the release (default 0: together)")
     p.add_argument("--alpha-ms", type=cli.non_negative(float, "a number"), default=None,
                    help="cost model: fixed ms per round (default: eval/costmodel.py's)")
     p.add_argument("--beta-us", type=cli.non_negative(float, "a number"), default=None,
@@ -285,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "questions": args.questions, "seed": args.seed, "layout": args.layout,
         "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
         "executor": args.executor, "undeclared": args.undeclared, "profile": args.profile,
+        "release_lag_ms": args.release_lag_ms,
     }
     if args.workload in TRAFFIC_WORKLOADS:
         from eval.traffic import describe
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run_arm(segments, args.model, base, layout=args.layout, overlap=args.overlap,
                       seed=args.seed, progress=progress, cost=cost, host=host,
                       radixflow_config=trace_config(args.trace, base), executor=args.executor,
-                      kit_overrides=kit)
+                      kit_overrides=kit, release_lag_s=args.release_lag_ms / 1e3)
         arms[policy] = res
         if res.ok:
             m = res.metrics

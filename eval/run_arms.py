@@ -625,8 +625,30 @@ def server_layout(arm_dir: Path) -> str:
     return value if value in LAYOUTS else "extra_buffer"
 
 
+def release_lag(events: Sequence[Mapping[str, Any]] | None, segments, prefix: str
+                ) -> float | None:
+    """How far apart the live server registered the questions one completion released (a
+    sibling-after-completion group's siblings, sent together): per group its registration
+    span / (followers - 1), the median over groups (seconds; None without such groups or
+    trace). `prefix`: the arm's rid prefix (make_sender)."""
+    import statistics
+
+    reg = {e["rid"]: e["registered"] for e in events or () if e.get("event") == "selected"}
+    groups: dict[str, list[str]] = {}
+    for seg in segments:
+        for q in seg.questions:
+            if q.after is not None:
+                groups.setdefault(f"{seg.name}/{q.after}", []).append(q.branches[0].rid)
+    spans = []
+    for rids in groups.values():
+        stamps = [reg.get(prefix + r) for r in rids]
+        if len(rids) > 1 and None not in stamps:
+            spans.append((max(stamps) - min(stamps)) / (len(rids) - 1))
+    return statistics.median(spans) if spans else None
+
+
 def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: int, cost,
-                    layout: str, host=None) -> dict[str, Any]:
+                    layout: str, host=None, release_lag_s: float = 0.0) -> dict[str, Any]:
     """The twin's figures (TWIN_KEYS) for one arm: the same workload, policy and boundary mode
     in virtual time, free scans (`host`: an eval.hostcost.HostCost charges them, eval/twin.py
     `run_arm`); a failure is recorded with its error, never filled in."""
@@ -636,9 +658,11 @@ def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: in
     rf = (None if spec.policy == BASELINE
           else RadixFlowConfig(policy=spec.policy, boundaries=spec.boundaries))
     out: dict[str, Any] = {"layout": layout, "cost_model": cost.source,
-                           "host": None if host is None else host.source}
+                           "host": None if host is None else host.source,
+                           "release_lag_ms": release_lag_s * 1e3}
     res = run_arm(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
-                  seed=seed, host=host, radixflow_config=rf, kit_overrides=spec.kit_overrides)
+                  seed=seed, host=host, radixflow_config=rf, kit_overrides=spec.kit_overrides,
+                  release_lag_s=release_lag_s)
     if res.error is not None:
         return out | {"failed": True, "error": res.error[:2000], "wall_s": res.wall_s}
     return out | {k: res.metrics.get(k) for k in TWIN_KEYS} | {"wall_s": res.wall_s}
@@ -649,18 +673,34 @@ def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
     """Each ids arm's twin prediction into arms[name].twin; returns the models used."""
     cost = twin_cost(args.model, gpu, getattr(args, "sim_profile", None))
     host = twin_host(getattr(args, "twin_host", "auto"), gpu)
+    lag = live_release_lag(arms, specs, segments, args.out)
     for spec in specs:
         if spec.fork:
             continue  # NOTE: re-tokenized text: the twin's ids are not what the server saw
         layout = server_layout(args.out / f"arm-{spec.name}")
         arms[spec.name].twin = twin_prediction(spec, segments, args.model, args.overlap,
-                                               args.seed, cost, layout, host)
+                                               args.seed, cost, layout, host, lag or 0.0)
         t = arms[spec.name].twin
         print(f"[{spec.name} twin] " + (f"FAILED: {t['error']}" if t.get("failed") else
                                         f"sched={t['scheduled_tokens']} rounds={t['rounds']} "
                                         f"lat_mean={t['latency_mean_s']:.4f}s"),
               file=sys.stderr)
-    return {"cost": cost.as_dict(), "host_cost": None if host is None else host.as_dict()}
+    return {"cost": cost.as_dict(), "host_cost": None if host is None else host.as_dict(),
+            "release_lag_ms": None if lag is None else lag * 1e3}
+
+
+def live_release_lag(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
+                     out: Path) -> float | None:
+    """release_lag of the first traced ids arm that ran (the twin's lag for every arm: the
+    server's HTTP and tokenizer, not the policy, space the releases)."""
+    from eval import client
+
+    for spec in specs:
+        arm = arms.get(spec.name)
+        if spec.traced and not spec.fork and arm is not None and arm.ok:
+            trace = client.load_trace(out / f"arm-{spec.name}" / "trace.jsonl")
+            return release_lag(trace, segments, f"{spec.name}/")  # NOTE: make_sender's rids
+    return None
 
 
 # --------------------------------------------------------------------------------------------

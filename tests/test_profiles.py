@@ -282,3 +282,39 @@ def test_a_profiles_forward_is_not_shortened_by_the_host_model():
         0.005 + 2e-6 * 1088 + 1e-4)
     gpu = default_cost(MODEL)
     assert gpu_cost(gpu, host)(rnd) < gpu.batch(rnd.extend, rnd.prefix)
+
+
+def test_released_siblings_spread_like_the_live_servers_reproduce_its_stock_schedule():
+    """Released together, a group's siblings share one round and stock recomputes them all; a
+    live server registers them ~5-13 ms apart, so stock's first sibling runs alone and, its
+    insert splitting the tree where the siblings part, the later ones hit the shared prefix.
+    With the lag the twin schedules what the live stock server did (live smoke run, 8 groups:
+    18,432 tokens = 8 x (1,088 + 1,088 + 64 + 64)); latency still counts from the release."""
+    from eval.costmodel import profile_cost
+    from eval.twin import run_arm
+    from eval.workload import workload
+
+    shape = traffic.make_shape(traffic.SIBLING, groups=2)
+    full, tail = shape.system_len + shape.question_len, shape.question_len
+    segs = workload(traffic.SIBLING, MODEL, groups=2)
+    cost = profile_cost("box", MODEL)
+    together = run_arm(segs, MODEL, "stock", cost=cost)
+    spread = run_arm(segs, MODEL, "stock", cost=cost, release_lag_s=0.02)
+    assert together.metrics["scheduled_tokens"] == 2 * 4 * full
+    assert spread.metrics["scheduled_tokens"] == 2 * (2 * full + 2 * tail)
+    sib = {q.qid: q for q in spread.questions}
+    first = sib["g0.p0"]
+    assert sib["g0.p3"].arrival_s == first.completion_s  # NOTE: counted from the release
+    assert sib["g0.p3"].latency_s > 2 * 0.02
+
+
+def test_release_lag_reads_the_live_registrations_of_each_released_group():
+    (seg,) = traffic.segments(traffic.SIBLING, MODEL, groups=2)
+    stamps = {"g0.p1": 1.0, "g0.p2": 1.010, "g0.p3": 1.010, "g1.p1": 5.0, "g1.p2": 5.004,
+              "g1.p3": 5.012}
+    events = [{"event": "selected", "rid": f"radixflow/{q.branches[0].rid}",
+               "registered": stamps[q.qid]} for q in seg if q.qid in stamps]
+    events.append({"event": "round", "rid": "x"})
+    assert run_arms.release_lag(events, [seg], "radixflow/") == pytest.approx(0.0055)
+    assert run_arms.release_lag(events, [seg], "stock/") is None  # NOTE: another arm's rids
+    assert run_arms.release_lag(None, [seg], "radixflow/") is None
