@@ -27,6 +27,8 @@ Workloads:
 * `sibling-after-completion` (issue 51): eval/traffic.py's shape through the project's client,
   no boundary declared: per group one sibling alone, then, once it completed, the rest together
   (--sibling-rate groups/s).
+* `noshare`: eval/traffic.py's independent prompts (64 x 2,112 tokens, 4 out, 4 req/s) through
+  the project's client: nothing to share, so radixflow can only cost.
 
 `--lpm` (default on) adds a third arm to every workload but fork: `stock-lpm`, SGLang's own
 scheduler with `--schedule-policy lpm`, in the ABBA order (stock, radixflow, stock-lpm,
@@ -79,7 +81,8 @@ from radixflow_sglang import models
 from radixflow_sglang.profiles import PROFILES
 from radixflow_sglang.testing.server import START_ATTEMPTS, free_port
 
-WORKLOADS = ("gsp-burst", "gsp-paced", "mooncake", "trace", "paper", "fork", SIBLING)
+CLIENT_TRAFFIC = (SIBLING, "noshare")  # eval/traffic.py shapes sent by the project's client
+WORKLOADS = ("gsp-burst", "gsp-paced", "mooncake", "trace", "paper", "fork", *CLIENT_TRAFFIC)
 BENCH_OF = {"gsp-burst": "gsp", "gsp-paced": "gsp", "mooncake": "mooncake"}
 TRACE_WORKLOADS = ("mooncake", "trace")
 TRACE_FLAGS = ("trace_file", "trace_speed", "trace_window", "trace_max_input",
@@ -275,16 +278,8 @@ def make_workload(name: str, args: argparse.Namespace) -> Workload:
 
 def _workload(name: str, args: argparse.Namespace) -> Workload:
     ids = {a: run_arms.ArmSpec.of(a) for a in ARMS}
-    if name == SIBLING:
-        from eval.traffic import describe
-        from eval.workload import workload
-
-        segs = workload(SIBLING, args.model, rate=args.sibling_rate, seed=args.seed)
-        d = describe(SIBLING, args.seed, args.sibling_rate)
-        return Workload(name, f"{SIBLING} via the project's client: {d['groups']} groups x "
-                        f"{d['prompts_per_group']}, {d['system_len']} + {d['question_len']} "
-                        f"tokens, {d['output_len']} out, {d['rate']} groups/s, no boundary "
-                        "declared", segments=segs, specs=ids, twin_segments=lambda: segs)
+    if name in CLIENT_TRAFFIC:
+        return traffic_workload(name, args, ids)
     if name in ("gsp-burst", "gsp-paced"):
         rate = math.inf if name == "gsp-burst" else args.paced_rate
         shape = gsp_shape(args, rate)
@@ -318,6 +313,20 @@ def _workload(name: str, args: argparse.Namespace) -> Workload:
     return Workload(name, f"frontend fork(4) programs: {what}", segments=segs, specs=forks,
                     twin_note="none: the server re-tokenizes the frontend's text, so the "
                               "twin's ids are not what it saw")
+
+
+def traffic_workload(name: str, args: argparse.Namespace,
+                     ids: dict[str, run_arms.ArmSpec]) -> Workload:
+    """An eval/traffic.py workload at its default shape through the project's client."""
+    from eval.traffic import describe
+    from eval.workload import workload
+
+    rate = args.sibling_rate if name == SIBLING else None
+    segs = workload(name, args.model, rate=rate, seed=args.seed)
+    d = describe(name, args.seed, rate)
+    what = ", ".join(f"{k} {v}" for k, v in d.items() if k not in ("workload", "seed"))
+    return Workload(name, f"{name} via the project's client ({what}; no boundary declared)",
+                    segments=segs, specs=ids, twin_segments=lambda: segs)
 
 
 @dataclass

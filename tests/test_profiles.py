@@ -235,7 +235,9 @@ def test_live_ab_takes_the_sibling_workload_and_its_rate_only_with_it(capsys):
     live_ab.check_args(p, args)
     w = live_ab.make_workload(traffic.SIBLING, args)
     assert w.arms == ("stock", "radixflow", "stock-lpm") and w.bench is None
-    assert "4.0 groups/s" in w.describe and w.twin_segments() is w.segments
+    assert "rate 4.0" in w.describe and w.twin_segments() is w.segments
+    noshare = live_ab.make_workload("noshare", args)
+    assert noshare.arms == w.arms and len(noshare.segments[0]) == 64
     with pytest.raises(SystemExit):
         live_ab.check_args(p, p.parse_args(["--out", "x", "--sibling-rate", "4"]))
     assert "--sibling-rate applies to the workload sibling-after-completion only" in \
