@@ -170,6 +170,9 @@ def test_run_arms_profile_errors_name_the_flag_or_the_variable(monkeypatch, caps
     p = run_arms.build_parser()
     args = p.parse_args(["--out", "x", "--profiles", "box,paper"])
     assert run_arms.run_profiles(p, args, gpu=False) == ["box", "paper"]
+    # NOTE: box first whatever the order given: its run's release lag serves the later twins
+    later = p.parse_args(["--out", "x", "--profiles", "paper,box"])
+    assert run_arms.run_profiles(p, later, gpu=False) == ["box", "paper"]
     with pytest.raises(SystemExit):
         run_arms.run_profiles(p, args, gpu=True)
     assert "--profiles: a GPU is visible" in capsys.readouterr().err
