@@ -18,7 +18,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixflow_sglang import models
+from radixflow_sglang import models, profiles
 from radixflow_sglang.config import (
     BY_FIELD,
     ENV_PREFIX,
@@ -172,6 +172,7 @@ def cpu_rank_binding(ranks: int) -> str:
 
 
 def model_path_arg(rest: list[str]) -> str | None:
+    """The SGLang args' model path (None: not given)."""
     for i, a in enumerate(rest):
         if a in ("--model-path", "--model") and i + 1 < len(rest):
             return rest[i + 1]
@@ -181,11 +182,9 @@ def model_path_arg(rest: list[str]) -> str | None:
 
 
 def sim_cost(cfg: RadixFlowConfig, rest: list[str], sources: Mapping[str, str],
-             env: Mapping[str, str] | None = None):
+             env: Mapping[str, str] | None = None) -> profiles.SimCost:
     """The simulated executor's cost in force (profiles.py), checked before SGLang starts;
     an error names the flag or variable that chose the profile and exits 2."""
-    from radixflow_sglang import profiles
-
     name = sources.get("sim_profile", BY_FIELD["sim_profile"].flag)
     try:
         return profiles.resolve(cfg.sim_profile, profiles.model_of(model_path_arg(rest)),
