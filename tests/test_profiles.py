@@ -323,3 +323,39 @@ def test_release_lag_reads_the_live_registrations_of_each_released_group():
     assert run_arms.release_lag(events, [seg], "radixflow/") == pytest.approx(0.0055)
     assert run_arms.release_lag(events, [seg], "stock/") is None  # NOTE: another arm's rids
     assert run_arms.release_lag(None, [seg], "radixflow/") is None
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_run_arms_runs_each_profile_with_the_lpm_arm_and_puts_them_side_by_side(tmp_path):
+    """One command, two profiles, three arms each: every server ran the profile it was given
+    (its /server_info says so), the twin used the calibrated host model and the box run's
+    release lag, and profiles.md has a row per profile and arm."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "arms"
+    cmd = [sys.executable, "-m", "eval.run_arms", "--model", MODEL, "--workload", traffic.SIBLING,
+           "--groups", "2", "--policies", "stock,stock-lpm,radixflow", "--no-fork-arm",
+           "--profiles", "paper,box", "--no-progress", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    lags = {}
+    for prof in ("box", "paper"):
+        summary = json.loads((out / f"profile-{prof}" / "summary.json").read_text())
+        assert summary["config"]["sim_cost"]["profile"] == prof
+        twin_model = summary["config"]["twin_model"]
+        assert twin_model["host_cost"] is not None  # NOTE: not free scans
+        lags[prof] = twin_model["release_lag_ms"]
+        for arm in ("stock", "stock-lpm", "radixflow"):
+            info = json.loads((out / f"profile-{prof}" / f"arm-{arm}" /
+                               "server_info.json").read_text())
+            assert info["internal_states"][0]["sim_cost"]["profile"] == prof
+            assert info["schedule_policy"] == ("lpm" if arm == "stock-lpm" else "fcfs")
+            assert summary["arms"][arm]["twin"]["latency_mean_s"] > 0
+    assert lags["box"] is not None and lags["paper"] == lags["box"]
+    md = (out / "profiles.md").read_text()
+    assert all(f"| {p} |" in md and f"| {a} |" in md for p in ("box", "paper")
+               for a in ("stock-lpm", "radixflow"))
