@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 ARMS = ("stock", "radixflow")  # the A and B of every workload (fork: their fork arms)
+# NOTE: a third arm beside them (eval/live_ab.py --lpm): SGLang's own scheduler with
+# --schedule-policy lpm, its ratios to stock paired by repetition as radixflow's are
+LPM = "stock-lpm"
 # NOTE: the twin's predictions (eval/live_ab.py), each with its plot marker and colour
 TWIN_MARKS = {"default": ("x", "tab:blue"), "scans": ("s", "tab:green"),
               "calibrated": ("D", "tab:orange"), "replay": ("^", "tab:red")}
@@ -135,12 +138,13 @@ def abba(repeats: int, arms: Sequence[str] = ARMS) -> list[tuple[int, str]]:
     return bench_order(list(arms), repeats)
 
 
-def paired_ratios(runs: Sequence[RunRecord], metric: str) -> list[float]:
-    """radixflow / stock per repetition where both ran and stock's figure is > 0."""
+def paired_ratios(runs: Sequence[RunRecord], metric: str, arm: str = ARMS[1]) -> list[float]:
+    """`arm` (default radixflow) / stock per repetition where both ran and stock's figure is
+    > 0."""
     by = {(r.arm, r.repeat): r.figures.get(metric) for r in runs if r.ok}
     out = []
     for k in sorted({r.repeat for r in runs}):
-        a, b = by.get((ARMS[1], k)), by.get((ARMS[0], k))
+        a, b = by.get((arm, k)), by.get((ARMS[0], k))
         if a is not None and b is not None and b > 0 and math.isfinite(a):
             out.append(a / b)
     return out
@@ -168,15 +172,22 @@ def median(values: Sequence[float]) -> float | None:
 
 def summarize(runs: Sequence[RunRecord], n: int = BOOTSTRAP, seed: int = SEED
               ) -> dict[str, Any]:
-    """Per metric: each arm's median, the median paired ratio and its bootstrap interval."""
+    """Per metric: each arm's median, radixflow's median paired ratio and its bootstrap
+    interval, and under "others" the same ratio of any further arm (stock-lpm)."""
     out: dict[str, Any] = {}
+    extra = [a for a in dict.fromkeys(r.arm for r in runs) if a not in ARMS]
     for key, _ in METRICS:
         arms = {a: median([v for r in runs if r.ok and r.arm == a
-                           and (v := r.figures.get(key)) is not None]) for a in ARMS}
-        ratios = paired_ratios(runs, key)
-        out[key] = {"median": arms, "ratios": ratios, "ratio": median(ratios),
-                    "ci95": bootstrap_ci(ratios, n, seed)}
+                           and (v := r.figures.get(key)) is not None]) for a in (*ARMS, *extra)}
+        out[key] = {"median": arms, **_paired(runs, key, ARMS[1], n, seed),
+                    "others": {a: _paired(runs, key, a, n, seed) for a in extra}}
     return out
+
+
+def _paired(runs: Sequence[RunRecord], key: str, arm: str, n: int, seed: int
+            ) -> dict[str, Any]:
+    ratios = paired_ratios(runs, key, arm)
+    return {"ratios": ratios, "ratio": median(ratios), "ci95": bootstrap_ci(ratios, n, seed)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,12 +211,16 @@ def twin_ratios(stock: Mapping[str, Any], radixflow: Mapping[str, Any]) -> dict[
     return out
 
 
-def twin_gap(live: Mapping[str, Any], twin: Mapping[str, float | None] | None
-             ) -> dict[str, float | None]:
-    """|twin ratio - live median ratio| per metric."""
+def twin_gap(live: Mapping[str, Any], twin: Mapping[str, float | None] | None,
+             arm: str = ARMS[1]) -> dict[str, float | None]:
+    """|twin ratio - live median ratio| per metric, of `arm` (default radixflow)."""
     twin = twin or {}
-    return {k: (abs(t - v["ratio"]) if (t := twin.get(k)) is not None
-                and v["ratio"] is not None else None) for k, v in live.items()}
+
+    def ratio(v: Mapping[str, Any]) -> float | None:
+        return v["ratio"] if arm == ARMS[1] else (v.get("others") or {}).get(arm, {}).get("ratio")
+
+    return {k: (abs(t - r) if (t := twin.get(k)) is not None and (r := ratio(v)) is not None
+                else None) for k, v in live.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,7 +256,29 @@ def workload_table(entry: Mapping[str, Any]) -> list[str]:
         row += [_f(twins[n]["ratios"].get(key), ".3f") for n in names]
         row += [_f(twins[n]["gap"].get(key), ".3f") for n in names]
         lines.append("| " + " | ".join(row) + " |")
-    return lines
+    return lines + lpm_table(entry, names)
+
+
+def lpm_table(entry: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    """The stock-lpm arm's own rows (SGLang's --schedule-policy lpm vs stock), if it ran."""
+    twins = entry.get("twin") or {}
+    rows = []
+    for key, label in METRICS:
+        v = entry["summary"][key]
+        o = (v.get("others") or {}).get(LPM)
+        if o is None or v["median"].get(LPM) is None:
+            continue
+        fmt = ".0f" if key.startswith("prefill") else ".1f"
+        row = [label, _f(v["median"][ARMS[0]], fmt), _f(v["median"][LPM], fmt), _ratio_cell(o),
+               str(len(o["ratios"]))]
+        row += [_f((twins[n].get("ratios_lpm") or {}).get(key), ".3f") for n in names]
+        row += [_f((twins[n].get("gap_lpm") or {}).get(key), ".3f") for n in names]
+        rows.append("| " + " | ".join(row) + " |")
+    if not rows:
+        return []
+    head = ["metric", "stock median", f"{LPM} median", f"{LPM}/stock [95% CI]", "pairs"]
+    head += [f"twin ({n})" for n in names] + [f"\\|twin ({n}) - live\\|" for n in names]
+    return ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]
 
 
 def runs_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -270,7 +307,13 @@ def twin_notes(entry: Mapping[str, Any]) -> list[str]:
 
 def report_md(summary: Mapping[str, Any]) -> str:
     cfg = summary["config"]
-    lines = ["# Live A/B: stock vs radixflow", "",
+    sim = cfg.get("sim_cost") or {}
+    lines = ["# Live A/B: stock vs radixflow" + (f" (and {LPM})" if cfg.get("lpm") else ""),
+             "", (f"Cost profile **{sim.get('profile')}**: {sim.get('source')} "
+                  f"(alpha {sim.get('alpha', 0) * 1e3:.2f} ms, beta "
+                  f"{sim.get('beta', 0) * 1e6:.3g} us/token, gamma "
+                  f"{sim.get('gamma', 0) * 1e3:.3g} ms/row)." if sim else
+                  "Model executor: no cost profile."), "",
              f"Model {cfg['model']} ({cfg['executor']} executor), overlap "
              f"{'on' if cfg['overlap'] else 'off'}, server args `{cfg['server_args']}`; "
              f"{cfg['repeat']} repetition(s) per workload in ABBA order, each run a fresh "
@@ -341,7 +384,10 @@ def workload_entry(describe: str, runs: Sequence[RunRecord], twin: Mapping[str, 
                    ) -> dict[str, Any]:
     """summary.json's entry of one workload; `twin`: {cost name: {"ratios", "note", ...}}."""
     live = summarize(runs, n, seed)
-    twin = {k: dict(t, gap=twin_gap(live, t.get("ratios"))) for k, t in (twin or {}).items()}
+    twin = {k: dict(t, gap=twin_gap(live, t.get("ratios")),
+                    **({"gap_lpm": twin_gap(live, t["ratios_lpm"], LPM)}
+                       if t.get("ratios_lpm") else {}))
+            for k, t in (twin or {}).items()}
     return {"describe": describe, "summary": live, "twin": twin, "twin_note": twin_note,
             "runs": [r.as_dict() for r in runs]}
 

@@ -440,9 +440,11 @@ def render_markdown(config: Mapping[str, Any], arms: Mapping[str, LiveArm],
              "(eval/run_arms.py, eval/client.py).", "", f"Config: `{cfg}`", ""]
     if config.get("executor") == "simulated":
         c = config.get("sim_cost", {})
-        lines += [f"**No GPU: simulated executor.** Every forward sleeps c = {c.get('alpha')} s "
-                  f"+ {c.get('beta')} s/token + {c.get('gamma')} s/row "
-                  "(RADIXFLOW_SIM_ALPHA/BETA/GAMMA); latencies are that cost model plus the "
+        lines += [f"**No GPU: simulated executor, cost profile {c.get('profile')}.** Every "
+                  f"forward sleeps c = {c.get('alpha'):.4g} s + {c.get('beta'):.4g} s/token + "
+                  f"{c.get('gamma'):.4g} s/row ({c.get('source')}; radixflow_sglang/"
+                  "profiles.py, RADIXFLOW_SIM_ALPHA/BETA/GAMMA override); latencies are that "
+                  "cost model plus the "
                   "real server's overheads on this CPU, not GPU measurements. Generated tokens "
                   "are a deterministic function of the prompt ids.", ""]
     lines += ["## Arms (Table 1 style)", ""]

@@ -9,18 +9,39 @@ from typing import Any
 
 from radixflow_sglang.core.policy import POLICIES
 
+# NOTE: an arm that is no RadixFlow policy: SGLang's unmodified scheduler (policy stock) with
+# `--schedule-policy lpm` (schedule_policy.py `_compute_prefix_matches`: a request whose prefix
+# another queued request shares waits), SGLang's own answer to in-batch prefix sharing.
+STOCK_LPM = "stock-lpm"
+ARM_SCHEDULE = {STOCK_LPM: ("stock", "lpm")}  # arm -> (policy, SGLang --schedule-policy)
+ARMS = (*POLICIES, STOCK_LPM)
 
-def policies(text: str) -> list[str]:
+
+def arm_policy(arm: str) -> tuple[str, str | None]:
+    """(RadixFlow policy, SGLang --schedule-policy or None: the server's default fcfs)."""
+    return ARM_SCHEDULE.get(arm, (arm, None))
+
+
+def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
-        raise argparse.ArgumentTypeError("give at least one policy")
-    bad = [p for p in names if p not in POLICIES]
+        raise argparse.ArgumentTypeError(f"give at least one {what}")
+    bad = [p for p in names if p not in allowed]
     if bad:
         raise argparse.ArgumentTypeError(
-            f"invalid choice: {', '.join(map(repr, bad))} (choose from {', '.join(POLICIES)})")
+            f"invalid choice: {', '.join(map(repr, bad))} (choose from {', '.join(allowed)})")
     if len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"a policy is listed twice: {text!r}")
+        raise argparse.ArgumentTypeError(f"a {what} is listed twice: {text!r}")
     return names
+
+
+def policies(text: str) -> list[str]:
+    return _names(text, POLICIES, "policy")
+
+
+def arms(text: str) -> list[str]:
+    """Policies plus the stock-lpm arm (eval.replay, eval.run_arms)."""
+    return _names(text, ARMS, "policy")
 
 
 def comma_choices(allowed: tuple[str, ...] | list[str]) -> Callable[[str], list[str]]:

@@ -124,6 +124,10 @@ class CostModel(CostCoeffs):
     dec_alpha: float = 0.0  # s per decode step (0: decode is free; default_cost derives it)
     dec_gamma: float = 0.0  # s per decode row
     dec_kv: float = 0.0  # s per cached token a decode step reads
+    # NOTE: True for the simulated executor's profiles: its forward sleeps the whole cost and
+    # the scheduler's scan comes on top, so a host model (eval/hostcost.py gpu_cost) takes
+    # nothing out of alpha/gamma; a GPU model's alpha holds the stock scan (module docstring)
+    forward_only: bool = False
 
     def batch(self, extend: Mapping[str, int], prefix: Mapping[str, int]) -> float:
         """Cost of one round given per-request extend and prefix lengths (a kit Round's)."""
@@ -175,7 +179,24 @@ def decode_terms(params: float, vocab: int, hidden: int, tied: bool,
 def cost_with(model: str, *, alpha_ms: float | None = None, beta_us: float | None = None,
               gamma_ms: float | None = None) -> CostModel:
     """`default_cost(model)` with alpha / beta / gamma overridden where given (ms, us, ms)."""
-    c = default_cost(model)
+    return override(default_cost(model), alpha_ms=alpha_ms, beta_us=beta_us, gamma_ms=gamma_ms)
+
+
+def profile_cost(profile: str, model: str, env: Mapping[str, str] | None = None,
+                 name: str = "--profile") -> CostModel:
+    """The simulated executor's cost at `profile` (radixflow_sglang/profiles.py; `env`: its
+    RADIXFLOW_SIM_* overrides) as the twin's: prefill alpha + beta * tokens + gamma * rows, a
+    decode step a forward of one token per row (adapter/simulated.py); errors name `name`."""
+    from radixflow_sglang.profiles import resolve
+
+    c = resolve(profile, model, env, name)
+    return CostModel(c.alpha, c.beta, c.gamma, source=f"simulated executor, {c.describe()}",
+                     dec_alpha=c.alpha, dec_gamma=c.beta + c.gamma, forward_only=True)
+
+
+def override(c: CostModel, *, alpha_ms: float | None = None, beta_us: float | None = None,
+             gamma_ms: float | None = None) -> CostModel:
+    """`c` with alpha / beta / gamma overridden where given (ms, us, ms)."""
     given = (("alpha", alpha_ms, 1e-3), ("beta", beta_us, 1e-6), ("gamma", gamma_ms, 1e-3))
     over = {k: v * unit for k, v, unit in given if v is not None}
     if not over:

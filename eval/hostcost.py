@@ -178,7 +178,8 @@ def host_model(kind: str, base: HostCost = DEFAULT_HOST) -> HostCost | None:
 
 
 def gpu_cost(cost: Any, host: HostCost | None):
-    """Round -> GPU seconds: the cost model less its host part (module docstring)."""
-    if host is None:
+    """Round -> GPU seconds: the cost model less its host part (module docstring); all of it
+    for a forward-only cost (the simulated executor's: its sleep excludes the scan)."""
+    if host is None or getattr(cost, "forward_only", False):
         return lambda rnd: cost.batch(rnd.extend, rnd.prefix)
     return lambda rnd: cost.batch(rnd.extend, rnd.prefix) - host.fixed(cost, len(rnd.rids))

@@ -24,6 +24,17 @@ Workloads:
   --paper-rate) through the project's client.
 * `fork`: the same paper workload as SGLang frontend `s.fork(4)` programs (arms stock-fork and
   radixflow-fork; no twin: the server re-tokenizes the frontend's text).
+* `sibling-after-completion` (issue 51): eval/traffic.py's shape through the project's client,
+  no boundary declared: per group one sibling alone, then, once it completed, the rest together
+  (--sibling-rate groups/s).
+* `noshare`: eval/traffic.py's independent prompts (64 x 2,112 tokens, 4 out, 4 req/s) through
+  the project's client: nothing to share, so radixflow can only cost.
+
+`--lpm` (default on) adds a third arm to every workload but fork: `stock-lpm`, SGLang's own
+scheduler with `--schedule-policy lpm`, in the ABBA order (stock, radixflow, stock-lpm,
+stock-lpm, radixflow, stock, ...), its ratios to stock paired by repetition and its twin beside
+the live ones. `--profiles box,paper` runs everything at each simulated-executor cost profile
+(radixflow_sglang/profiles.py), OUT/profile-NAME/ each, and OUT/profiles.md side by side.
 
 Per run it records the host's load (os.getloadavg and the CPUs before and after, and the CPUs'
 busy share sampled over 2 s before it: the 1-min load still counts the previous run's server);
@@ -51,6 +62,7 @@ extra_buffer is two invocations.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shlex
 import sys
@@ -61,13 +73,16 @@ from pathlib import Path
 from typing import Any
 
 from eval import ab_report, bench_arm, cli, run_arms
-from eval.ab_report import ARMS, RunRecord
+from eval.ab_report import ARMS, LPM, RunRecord
 from eval.hostcost import host_model
 from eval.replay import PAPER_WORKLOADS, add_trace_args
+from eval.traffic import SIBLING
 from radixflow_sglang import models
+from radixflow_sglang.profiles import DEFAULT_PROFILE, PROFILES
 from radixflow_sglang.testing.server import START_ATTEMPTS, free_port
 
-WORKLOADS = ("gsp-burst", "gsp-paced", "mooncake", "trace", "paper", "fork")
+CLIENT_TRAFFIC = (SIBLING, "noshare")  # eval/traffic.py shapes sent by the project's client
+WORKLOADS = ("gsp-burst", "gsp-paced", "mooncake", "trace", "paper", "fork", *CLIENT_TRAFFIC)
 BENCH_OF = {"gsp-burst": "gsp", "gsp-paced": "gsp", "mooncake": "mooncake"}
 TRACE_WORKLOADS = ("mooncake", "trace")
 TRACE_FLAGS = ("trace_file", "trace_speed", "trace_window", "trace_max_input",
@@ -121,6 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=cli.positive(int), default=ab_report.BOOTSTRAP,
                    help="bootstrap resamples (default: %(default)s)")
     p.add_argument("--progress", action="store_true", help="the client's progress bars")
+    p.add_argument("--lpm", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"a {LPM} arm (SGLang's scheduler with --schedule-policy lpm) beside "
+                        "stock and radixflow in every workload but fork (default on)")
+    p.add_argument("--profiles", type=cli.comma_choices(PROFILES), default=None,
+                   help="simulated executor cost profiles, comma-separated from: "
+                        f"{', '.join(PROFILES)}; each runs every workload, OUT/profile-NAME/ "
+                        "each, OUT/profiles.md side by side (default: $RADIXFLOW_SIM_PROFILE "
+                        "or box, written to OUT)")
+    p.add_argument("--sibling-rate", type=cli.positive(float), default=None,
+                   help=f"{SIBLING}: groups/s, Poisson (default: eval/traffic.py's, 2)")
     d = bench_arm.BenchShape()
     g = p.add_argument_group("gsp-burst / gsp-paced (bench_serving generated-shared-prefix)")
     g.add_argument("--gsp-groups", type=cli.positive(int), default=d.groups)
@@ -164,6 +189,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if given:
             p.error(f"--{given[0].replace('_', '-')} applies to the workloads paper, fork only "
                     f"(--workloads {','.join(args.workloads)})")
+    if args.sibling_rate is not None and SIBLING not in chosen:
+        p.error(f"--sibling-rate applies to the workload {SIBLING} only "
+                f"(--workloads {','.join(args.workloads)})")
     for k, v in PAPER_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -203,15 +231,17 @@ class Workload:
 
     name: str
     describe: str
+    arms: tuple[str, ...] = ARMS  # ABBA order of the arms (--lpm adds stock-lpm)
     bench: str | None = None
     shape: bench_arm.BenchShape | None = None
     segments: Any = None  # what the project's client sends
-    specs: tuple[run_arms.ArmSpec, run_arms.ArmSpec] | None = None
+    specs: dict[str, run_arms.ArmSpec] | None = None  # arm -> spec (client workloads)
     twin_segments: Callable[[], Any] | None = None
     twin_note: str = ""
     # NOTE: the same segments with every fork declared (gsp): the replay twin's bound, what
     # radixflow would do on the same arrivals and loop time knowing every fork from the start
     twin_declared: Callable[[], Any] | None = None
+    release_lag_s: float | None = None  # the box run's measured release lag (client_release_lag)
 
 
 def gsp_shape(args: argparse.Namespace, rate: float) -> bench_arm.BenchShape:
@@ -238,7 +268,19 @@ def gsp_twin(args: argparse.Namespace, shape: bench_arm.BenchShape,
 
 
 def make_workload(name: str, args: argparse.Namespace) -> Workload:
-    ids = (run_arms.ArmSpec("stock", "stock"), run_arms.ArmSpec("radixflow", "radixflow"))
+    """The workload with its arms: stock, radixflow and (--lpm, not fork) stock-lpm."""
+    w = _workload(name, args)
+    if args.lpm and name != "fork":
+        w.arms = (*ARMS, LPM)
+        if w.specs is not None:
+            w.specs[LPM] = run_arms.ArmSpec.of(LPM)
+    return w
+
+
+def _workload(name: str, args: argparse.Namespace) -> Workload:
+    ids = {a: run_arms.ArmSpec.of(a) for a in ARMS}
+    if name in CLIENT_TRAFFIC:
+        return traffic_workload(name, args, ids)
     if name in ("gsp-burst", "gsp-paced"):
         rate = math.inf if name == "gsp-burst" else args.paced_rate
         shape = gsp_shape(args, rate)
@@ -267,10 +309,25 @@ def make_workload(name: str, args: argparse.Namespace) -> Workload:
     if name == "paper":
         return Workload(name, f"paper replay via the project's client: {what}", segments=segs,
                         specs=ids, twin_segments=lambda: segs)
-    forks = tuple(run_arms.ArmSpec(n, pol, fork=True) for n, pol in run_arms.FORK_ARMS)
+    forks = {a: run_arms.ArmSpec(n, pol, fork=True)
+             for a, (n, pol) in zip(ARMS, run_arms.FORK_ARMS, strict=True)}
     return Workload(name, f"frontend fork(4) programs: {what}", segments=segs, specs=forks,
                     twin_note="none: the server re-tokenizes the frontend's text, so the "
                               "twin's ids are not what it saw")
+
+
+def traffic_workload(name: str, args: argparse.Namespace,
+                     ids: dict[str, run_arms.ArmSpec]) -> Workload:
+    """An eval/traffic.py workload at its default shape through the project's client."""
+    from eval.traffic import describe
+    from eval.workload import workload
+
+    rate = args.sibling_rate if name == SIBLING else None
+    segs = workload(name, args.model, rate=rate, seed=args.seed)
+    d = describe(name, args.seed, rate)
+    what = ", ".join(f"{k} {v}" for k, v in d.items() if k not in ("workload", "seed"))
+    return Workload(name, f"{name} via the project's client ({what}; no boundary declared)",
+                    segments=segs, specs=ids, twin_segments=lambda: segs)
 
 
 @dataclass
@@ -316,7 +373,8 @@ def run_config(args: argparse.Namespace, out: Path, bench: str | None) -> argpar
         out=out, bench=[bench] if bench else [], stock_cmd=args.stock_cmd,
         start_timeout=args.start_timeout, start_attempts=args.start_attempts,
         model_dir=args.model_dir, bench_timeout=args.bench_timeout, pool=args.pool,
-        model=args.model, n_param=False, no_progress=not args.progress)
+        model=args.model, n_param=False, no_progress=not args.progress,
+        sim_profile=getattr(args, "sim_profile", None))
 
 
 def bench_figures(run: bench_arm.BenchRun) -> dict[str, float | None]:
@@ -345,7 +403,7 @@ def run_one(w: Workload, arm: str, k: int, args: argparse.Namespace, common: lis
         (run,) = run_arms.run_bench_policy(arm, w.shape, cfg, common, free_port(), k)
         d = cfg.out / (f"bench-{arm}" + (f"-r{k}" if k else ""))
         return str(d), bench_figures(run) if run.ok else {}, run.error
-    spec = w.specs[ARMS.index(arm)]
+    spec = w.specs[arm]
     cfg = run_config(args, args.out / w.name / f"r{k}", None)
     res = run_arms.run_arm(spec, w.segments, cfg, common, free_port())
     d = cfg.out / f"arm-{spec.name}"
@@ -355,7 +413,7 @@ def run_one(w: Workload, arm: str, k: int, args: argparse.Namespace, common: lis
 def run_workload(w: Workload, args: argparse.Namespace, common: list[str],
                  warnings: list[str]) -> list[RunRecord]:
     runs = []
-    for pos, (k, arm) in enumerate(ab_report.abba(args.repeat)):
+    for pos, (k, arm) in enumerate(ab_report.abba(args.repeat, w.arms)):
         # NOTE: sampled after the previous run's server is gone: the box as this run finds it
         rec = RunRecord(w.name, arm, k, pos, load_before=ab_report.host_load(LOAD_SAMPLE_S))
         rec.warning = ab_report.load_warning(rec.load_before, f"{w.name} #{pos} ({arm}, "
@@ -410,14 +468,18 @@ def calibrated_cost(trace: Path, overlap: bool, default):
 
 
 def twin_pair(segments, args: argparse.Namespace, cost, layout: str,
-              host=None) -> dict[str, Any]:
-    """The twin's stock and radixflow on the same requests, their ratios (`host`: scans
-    charged, eval/hostcost.py)."""
-    preds = {a: run_arms.twin_prediction(run_arms.ArmSpec(a, a), segments, args.model,
-                                         args.overlap, args.seed, cost, layout, host)
-             for a in ARMS}
-    return {"ratios": ab_report.twin_ratios(preds[ARMS[0]], preds[ARMS[1]]),
-            "arms": preds, "layout": layout, "cost_model": cost.as_dict()}
+              host=None, lag: float = 0.0) -> dict[str, Any]:
+    """The twin's stock and radixflow (and, --lpm, stock-lpm) on the same requests, their
+    ratios to stock (`host`: scans charged, eval/hostcost.py)."""
+    arms = (*ARMS, LPM) if getattr(args, "lpm", False) else ARMS
+    preds = {a: run_arms.twin_prediction(run_arms.ArmSpec.of(a), segments, args.model,
+                                         args.overlap, args.seed, cost, layout, host, lag)
+             for a in arms}
+    out = {"ratios": ab_report.twin_ratios(preds[ARMS[0]], preds[ARMS[1]]),
+           "arms": preds, "layout": layout, "cost_model": cost.as_dict()}
+    if LPM in preds:
+        out["ratios_lpm"] = ab_report.twin_ratios(preds[ARMS[0]], preds[LPM])
+    return out
 
 
 def live_twin(w: Workload, runs: Sequence[RunRecord], segs, args: argparse.Namespace, cost,
@@ -458,6 +520,25 @@ def declared_note(r: dict[str, Any]) -> str:
     return f"every fork declared (the bound of learning them, same arrivals and h): {cells}"
 
 
+def client_release_lag(w: Workload, ref: RunRecord | None, segs) -> tuple[float, str]:
+    """(seconds, note): how far apart the live radixflow run's server registered the questions
+    one completion released (eval/run_arms.py release_lag), for the twin of a client workload;
+    0 for bench_serving workloads (their twin replays arrivals its own way)."""
+    from eval.client import load_trace
+
+    if w.bench is not None or ref is None:
+        return 0.0, ""
+    lag = w.release_lag_s  # NOTE: the box run's, where one ran first (eval/run_arms.py main)
+    if lag is not None:
+        return lag, (f"; released questions {lag * 1e3:.1f} ms apart, as the box profile's "
+                     "live radixflow run registered them")
+    lag = run_arms.release_lag(load_trace(Path(ref.dir) / "trace.jsonl"), segs, "radixflow/")
+    if lag is None:
+        return 0.0, ""
+    return lag, (f"; released questions {lag * 1e3:.1f} ms apart, as the live radixflow run "
+                 "registered them")
+
+
 def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespace,
                   gpu: bool) -> dict[str, Any]:
     """{"default": ..., "scans": ..., "calibrated": ..., "replay": ...}: the twin's ratios
@@ -472,16 +553,22 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
         segs = w.twin_segments()
     except (OSError, ValueError) as e:
         return {"default": {"note": f"FAILED to build the twin's workload: {e}"}}
-    default = run_arms.twin_cost(args.model, gpu)
-    out = {"default": twin_pair(segs, args, default, layout)}
-    out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}"
-    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"))
+    default = run_arms.twin_cost(args.model, gpu, getattr(args, "sim_profile", None))
+    lag, lag_note = client_release_lag(w, ref, segs)
+    if getattr(args, "sim_profile", None) == DEFAULT_PROFILE and w.release_lag_s is None:
+        # NOTE: a registration waits for the scan after the running forward: at a long-round
+        # profile (paper) the rounds, not the sender, space them; later profiles take this one
+        w.release_lag_s = lag or None
+    out = {"default": twin_pair(segs, args, default, layout, lag=lag)}
+    out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}{lag_note}"
+    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"), lag)
     out["scans"]["note"] = (f"{default.source} cost model, each scan charged its CPU time "
-                            f"measured on this host (eval/hostcost.py `measured`), layout {layout}")
+                            f"measured on this host (eval/hostcost.py `measured`), layout "
+                            f"{layout}{lag_note}")
     cost, note = ((None, "no radixflow run succeeded") if ref is None
                   else calibrated_cost(Path(ref.dir) / "trace.jsonl", args.overlap, default))
     out["calibrated"] = ({"note": note} if cost is None
-                         else twin_pair(segs, args, cost, layout) | {"note": note})
+                         else twin_pair(segs, args, cost, layout, lag=lag) | {"note": note})
     if w.bench is not None:
         out["replay"] = live_twin(w, runs, segs, args, default, layout)
     for name, t in out.items():
@@ -503,7 +590,8 @@ def config(args: argparse.Namespace, gpu: bool, common: list[str]) -> dict[str, 
             "seed": args.seed, "bootstrap": args.bootstrap, "busy_fraction": args.busy_fraction,
             "cpus": ab_report.host_load().cpus, "paced_rate": args.paced_rate,
             "command": shlex.join(["python", "-m", "eval.live_ab", *args.argv]),
-            **({} if gpu else {"sim_cost": run_arms.sim_cost()})}
+            "lpm": args.lpm, "profile": getattr(args, "sim_profile", None),
+            **({} if gpu else {"sim_cost": run_arms.sim_cost(args.model, args.sim_profile)})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -522,10 +610,26 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"python -m eval.live_ab: error: cannot build the workload: {e}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     common = [*run_arms.model_args(args.model, args.model_dir), "--host", "127.0.0.1"]
     common += [] if args.overlap else ["--disable-overlap-schedule"]
     common += shlex.split(args.server_args)
+    profiles = run_arms.run_profiles(parser, args, gpu)
+    results = {}
+    for prof in profiles:
+        sub = argparse.Namespace(**vars(args))
+        sub.sim_profile = prof
+        sub.out = args.out if len(profiles) == 1 else args.out / f"profile-{prof}"
+        results[prof] = run_profile(sub, loads, gpu, common)
+    if len(profiles) > 1:
+        write_profiles(args.out, {p: summary for p, (_, summary) in results.items()})
+        print(f"wrote {args.out}/profiles.md", file=sys.stderr)
+    return 0 if all(ok for ok, _ in results.values()) else 1
+
+
+def run_profile(args: argparse.Namespace, loads: Sequence[Workload], gpu: bool,
+                common: list[str]) -> tuple[bool, dict[str, Any]]:
+    """Every workload's ABBA runs and twins at one profile, written to args.out."""
+    args.out.mkdir(parents=True, exist_ok=True)
     warnings: list[str] = []
     t0 = time.perf_counter()
     runs = {w.name: run_workload(w, args, common, warnings) for w in loads}
@@ -540,8 +644,39 @@ def main(argv: list[str] | None = None) -> int:
     ab_report.write(args.out, summary)
     print(f"wrote {args.out}/summary.json and {args.out}/report.md "
           f"({summary['wall_s']:.1f}s wall)", file=sys.stderr)
-    return 0 if all(r.ok for rs in runs.values() for r in rs) else 1
+    return all(r.ok for rs in runs.values() for r in rs), summary
 
+
+def write_profiles(out: Path, per_profile: dict[str, dict[str, Any]]) -> None:
+    """OUT/profiles.md: per profile, workload and arm, the live mean ratio to stock and each
+    twin's prediction of it."""
+    lines = ["# Live A/B at each cost profile", "",
+             "Mean e2e latency / stock: the live median paired ratio [95 % CI] and the twins' "
+             "predictions (eval/live_ab.py; each profile's report.md has every metric).", "",
+             "| profile | workload | arm | live mean | live p99 | twins (mean) |",
+             "|---|---|---|---|---|---|"]
+    for prof, summary in per_profile.items():
+        for name, entry in summary["workloads"].items():
+            for arm, key in ((ARMS[1], "ratios"), (LPM, "ratios_lpm")):
+                lines.append(_profile_row(prof, name, arm, key, entry))
+    (out / "profiles.md").write_text("\n".join(x for x in lines if x) + "\n")
+    (out / "profiles.json").write_text(json.dumps(
+        {p: {n: {"summary": e["summary"], "twin": e["twin"]} for n, e in s["workloads"].items()}
+         for p, s in per_profile.items()}, indent=1, default=str))
+
+
+def _profile_row(prof: str, name: str, arm: str, key: str, entry: dict[str, Any]) -> str:
+    def live(metric: str) -> dict[str, Any] | None:
+        v = entry["summary"][metric]
+        return v if arm == ARMS[1] else (v.get("others") or {}).get(arm)
+
+    mean, p99 = live("mean_e2e_ms"), live("p99_e2e_ms")
+    if mean is None or mean["ratio"] is None:
+        return ""
+    twins = ", ".join(f"{n} {r['mean_e2e_ms']:.3f}" for n, t in entry["twin"].items()
+                      if (r := t.get(key)) and r.get("mean_e2e_ms") is not None)
+    return (f"| {prof} | {name} | {arm} | {ab_report._ratio_cell(mean)} | "
+            f"{ab_report._ratio_cell(p99) if p99 else '-'} | {twins or '-'} |")
 
 if __name__ == "__main__":
     sys.exit(main())

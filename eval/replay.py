@@ -11,7 +11,9 @@ The traffic workloads (eval/traffic.py) take their shape flags instead of the pa
 
 gsp: --groups --prompts-per-group --system-len --question-len --output-len (default 16 x 4,
 2,048, 64, 4; --rate default inf, the burst); gsp-paced: the same, siblings after their group's
-first request; nsample: --nsample-mode burst|warm --prompts --n --prompt-len --output-len
+first request; sibling-after-completion: the same flags (16 x 4, 1,024, 64, 1; --rate 2
+groups/s), one sibling alone, the rest after it completed, no boundary declared; nsample:
+--nsample-mode burst|warm --prompts --n --prompt-len --output-len
 (16 prompts, n 8, 1,024, 128; --rate 1); multiturn: --conversations --turns --prompt-len
 --user-len --output-len --think-s (8 x 4, 1,024, 128, 128, 1 s; --rate 1); noshare: --prompts
 --prompt-len --output-len (64, 2,112, 4; --rate 4). summary.json's config records the shape.
@@ -22,6 +24,11 @@ A Mooncake-format trace (eval/mooncake.py: hash id -> a fixed block of 512 ids) 
 --workload trace --trace-file FILE [--trace-speed X (arrival = timestamp / 1000 / X)]
 [--trace-window START:N] [--trace-max-input 30000 (longer records left out, counted)]
 [--trace-max-output 256]; summary.json's config.trace_workload records what was kept.
+
+--profile box|paper prices rounds as the simulated executor does at that cost profile
+(radixflow_sglang/profiles.py; a live server's --radixflow-sim-profile), --alpha-ms/--beta-us/
+--gamma-ms over it; without it the first-principles GPU model (eval/costmodel.py). --policies
+takes stock-lpm too: SGLang's unmodified scheduler with --schedule-policy lpm.
 
 Each policy is one arm: a fresh kit (SGLang's real scheduler on CPU) replays every segment in
 virtual time (eval/twin.py). `--trace DIR` writes each non-stock arm's RadixFlow trace to
@@ -43,7 +50,7 @@ from eval.hostcost import HOST_CHOICES
 from eval.traffic import NSAMPLE_MODES, all_shape_fields, flag, shape_fields
 from eval.traffic import WORKLOADS as TRAFFIC_WORKLOADS
 from radixflow_sglang import models
-from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang.profiles import PROFILES
 
 PAPER_WORKLOADS = ("race", "quality", "mix", "synthetic")
 TRACE_WORKLOAD = "trace"  # eval/mooncake.py
@@ -84,9 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mix")
     p.add_argument("--model", choices=MODEL_CHOICES, default="qwen3.5-4b")
-    p.add_argument("--policies", type=cli.policies, default=["stock", "radix", "traversal"],
-                   help=f"comma-separated, from: {', '.join(POLICIES)} (default: "
-                        "stock,radix,traversal)")
+    p.add_argument("--policies", type=cli.arms, default=["stock", "radix", "traversal"],
+                   help=f"comma-separated, from: {', '.join(cli.ARMS)} (default: "
+                        f"stock,radix,traversal; {cli.STOCK_LPM}: SGLang's unmodified "
+                        "scheduler with --schedule-policy lpm)")
     p.add_argument("--regime", choices=REGIME_CHOICES, default=None,
                    help="paper workloads only (default all)")
     p.add_argument("--order", choices=ORDER_CHOICES, default=None,
@@ -103,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=LAYOUT_CHOICES, default="extra_buffer",
                    help="mamba cache layout of hybrid models (ignored for full attention)")
     p.add_argument("--overlap", action="store_true", help="overlap scheduling (publish lag 2)")
+    p.add_argument("--profile", choices=PROFILES, default=None,
+                   help="cost model: the simulated executor's at this profile "
+                        "(radixflow_sglang/profiles.py: box 5 ms + 2 us/token + 0.1 ms/row; "
+                        "paper the model's Table 9 rounds), as a live simulated server at "
+                        "--radixflow-sim-profile charges its rounds (default: none, "
+                        "eval/costmodel.py's first-principles GPU model)")
+    p.add_argument("--release-lag-ms", type=cli.non_negative(float, "a number"), default=0.0,
+                   help="questions one completion releases (gsp-paced, sibling-after-"
+                        "completion siblings) reach the scheduler this many ms apart, in send "
+                        "order, as a live server's HTTP and tokenizer take them in turn; "
+                        "latency still counts from the release (default 0: together)")
     p.add_argument("--alpha-ms", type=cli.non_negative(float, "a number"), default=None,
                    help="cost model: fixed ms per round (default: eval/costmodel.py's)")
     p.add_argument("--beta-us", type=cli.non_negative(float, "a number"), default=None,
@@ -260,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     shape = check_workload_flags(parser, args)
     spec = trace_spec(parser, args)
     from eval import report
-    from eval.costmodel import cost_with
     from eval.hostcost import host_model
     from eval.twin import run_arm
     from eval.workload import workload
@@ -271,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         "regime": args.regime, "order": args.order, "rate": args.rate,
         "questions": args.questions, "seed": args.seed, "layout": args.layout,
         "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
-        "executor": args.executor, "undeclared": args.undeclared,
+        "executor": args.executor, "undeclared": args.undeclared, "profile": args.profile,
+        "release_lag_ms": args.release_lag_ms,
     }
     if args.workload in TRAFFIC_WORKLOADS:
         from eval.traffic import describe
@@ -289,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"eval/replay.py: error: cannot build the workload: {e}", file=sys.stderr)
             return 2
-    cost = cost_with(args.model, alpha_ms=args.alpha_ms, beta_us=args.beta_us,
-                     gamma_ms=args.gamma_ms)
+    try:
+        cost = replay_cost(args)
+    except ValueError as e:
+        parser.error(str(e))
     host = host_model(args.host_cost)
     config["cost_model"] = cost.as_dict()
     config["host_cost"] = host.as_dict() if host is not None else None
@@ -315,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     arms = {}
     for policy in args.policies:
-        res = run_arm(segments, args.model, policy, layout=args.layout, overlap=args.overlap,
+        base, kit = arm_args(policy)
+        res = run_arm(segments, args.model, base, layout=args.layout, overlap=args.overlap,
                       seed=args.seed, progress=progress, cost=cost, host=host,
-                      radixflow_config=trace_config(args.trace, policy),
-                      executor=args.executor)
+                      radixflow_config=trace_config(args.trace, base), executor=args.executor,
+                      kit_overrides=kit, release_lag_s=args.release_lag_ms / 1e3)
         arms[policy] = res
         if res.ok:
             m = res.metrics
@@ -346,6 +368,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eval/replay.py: outputs differ from stock under {', '.join(differ)}",
               file=sys.stderr)
     return 1 if broken or differ else 0
+
+
+def replay_cost(args: argparse.Namespace):
+    """--profile's simulated-executor cost (else the first-principles model), then --alpha-ms,
+    --beta-us, --gamma-ms over it."""
+    from eval.costmodel import default_cost, override, profile_cost
+
+    base = (default_cost(args.model) if args.profile is None
+            else profile_cost(args.profile, args.model))
+    return override(base, alpha_ms=args.alpha_ms, beta_us=args.beta_us, gamma_ms=args.gamma_ms)
+
+
+def arm_args(arm: str) -> tuple[str, dict | None]:
+    """(policy, run_arm's kit_overrides) of an arm: stock-lpm is stock with SGLang's lpm."""
+    policy, schedule = cli.arm_policy(arm)
+    return policy, None if schedule is None else {"schedule_policy": schedule}
 
 
 def output_agreement(arms: dict) -> dict[str, dict[str, int]]:

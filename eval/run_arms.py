@@ -55,8 +55,17 @@ pace it).
 
 The twin (`--twin`, default on): after the live arms, each ids arm's policy and boundary mode
 replays the same workload through eval/twin.py in virtual time (on CPU with the simulated
-executor's cost model and the mamba layout the arm's server resolved; free scans), and
-report.md puts its scheduled tokens, zero-hit followers and latency next to the live ones.
+executor's cost model at the run's profile and the mamba layout the arm's server resolved; its
+scans charged by eval/hostcost.py's deterministic `model`, calibrated on this kind of CPU box,
+where the live host is known: `--twin-host`, default auto = model on CPU, free scans on a GPU
+box), and report.md puts its scheduled tokens, zero-hit followers and latency next to the live
+ones.
+
+`--profiles box,paper` (radixflow_sglang/profiles.py) runs every arm, its twin and the bench
+runs at each simulated-executor cost profile (`--radixflow-sim-profile` on each server),
+OUT/profile-NAME/ each, and writes OUT/profiles.md: per profile and arm the live and the twin's
+ratios to stock side by side. `--policies` takes `stock-lpm` too: SGLang's unmodified scheduler
+with `--schedule-policy lpm`, its own arm and rows.
 
 Every arm gets the same server arguments and the same offered trace; arms are isolated by a
 fresh server each and by per-arm cache namespaces (`extra_key`). A failed arm is recorded with
@@ -87,6 +96,7 @@ from typing import Any
 
 from eval import bench_arm, cli
 from eval.arms_report import BASELINE, STOCK_FORK, LiveArm, write_outputs
+from eval.hostcost import HOST_CHOICES
 from eval.replay import (
     PAPER_WORKLOADS,
     TRACE_WORKLOAD,
@@ -100,6 +110,7 @@ from eval.traffic import WORKLOADS as TRAFFIC_WORKLOADS
 from radixflow_sglang import models
 from radixflow_sglang.core.boundary import MODES as BOUNDARY_MODES
 from radixflow_sglang.core.policy import POLICIES
+from radixflow_sglang.profiles import DEFAULT_PROFILE, PROFILE_VAR, PROFILES, resolve
 from radixflow_sglang.testing.server import (
     START_ATTEMPTS,
     Server,
@@ -113,7 +124,6 @@ ORDER_CHOICES = ("forward", "reverse", "both")
 FORK_ARM = "radixflow-fork"
 FORK_ARMS = ((STOCK_FORK, BASELINE), (FORK_ARM, "radixflow"))  # (arm name, policy)
 FORK_NAMESPACE = "fork/"  # the prompt's tag line: "[fork/<workload namespace>]"
-SIM_DEFAULTS = {"alpha": 0.005, "beta": 2e-6, "gamma": 1e-4}  # adapter/simulated.py CostModel
 PAPER_DEFAULTS = {"regime": "all", "order": "both", "questions": 16}
 SERVER_BOUNDARIES = "both"  # --radixflow-boundaries' default (radixflow_sglang/config.py)
 
@@ -131,8 +141,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="catalog model: budgets, workload tokenizer, default model dir")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="serve this directory instead (default: the model's dummy-weight dir)")
-    p.add_argument("--policies", type=cli.policies, default=list(POLICIES),
-                   help=f"comma-separated, from: {', '.join(POLICIES)} (default: all)")
+    p.add_argument("--policies", type=cli.arms, default=list(POLICIES),
+                   help=f"comma-separated, from: {', '.join(cli.ARMS)} (default: every policy; "
+                        f"{cli.STOCK_LPM}: SGLang's unmodified scheduler with --schedule-policy "
+                        "lpm)")
+    p.add_argument("--profiles", type=cli.comma_choices(PROFILES), default=None,
+                   help="simulated executor cost profiles (radixflow_sglang/profiles.py), "
+                        f"comma-separated from: {', '.join(PROFILES)}; each runs every arm and "
+                        "its twin, OUT/profile-NAME/ each, and OUT/profiles.md puts the live and "
+                        "twin ratios side by side (default: $RADIXFLOW_SIM_PROFILE or box, "
+                        "written to OUT)")
+    p.add_argument("--twin-host", choices=("auto", *HOST_CHOICES), default="auto",
+                   help="the twin's scan CPU time (eval/hostcost.py): auto (default) charges "
+                        "the deterministic `model`, calibrated on this kind of CPU box, where "
+                        "the live host is known (the simulated executor) and free scans "
+                        "(none) on a GPU box, whose host it was not calibrated on")
     p.add_argument("--fork-arm", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the SGLang frontend fork program against a stock and a "
                         "radixflow server (arms stock-fork, radixflow-fork; default: on for "
@@ -224,7 +247,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("bench_serving arms (eval/bench_arm.py)")
     g.add_argument("--bench", type=bench_arm.benches, default=[],
                    help=f"comma-separated, from: {', '.join(bench_arm.BENCHES)} (default: none)")
-    g.add_argument("--bench-policies", type=cli.policies, default=[BASELINE, "radixflow"],
+    g.add_argument("--bench-policies", type=cli.arms, default=[BASELINE, "radixflow"],
                    help="one fresh server per policy runs every --bench (default: "
                         "stock,radixflow)")
     g.add_argument("--gsp-groups", type=cli.positive(int), default=d.groups,
@@ -291,6 +314,18 @@ class ArmSpec:
     policy: str
     fork: bool = False  # drive it with the SGLang frontend program
     boundaries: str = SERVER_BOUNDARIES  # --radixflow-boundaries (radixflow policies)
+    schedule: str | None = None  # SGLang --schedule-policy (stock-lpm: lpm); None: default
+
+    @classmethod
+    def of(cls, arm: str) -> ArmSpec:
+        """An arm of --policies / --bench-policies (stock-lpm: stock with lpm)."""
+        policy, schedule = cli.arm_policy(arm)
+        return cls(arm, policy, schedule=schedule)
+
+    @property
+    def kit_overrides(self) -> dict[str, str] | None:
+        """The twin's KitConfig for the same SGLang schedule policy."""
+        return None if self.schedule is None else {"schedule_policy": self.schedule}
 
     @property
     def traced(self) -> bool:
@@ -303,6 +338,9 @@ def arm_specs(policies: Sequence[str], fork_arm: bool,
     default mode, POLICY-MODE otherwise); then the fork arms."""
     specs = []
     for p in policies:
+        if p in cli.ARM_SCHEDULE:
+            specs.append(ArmSpec.of(p))
+            continue
         modes = [SERVER_BOUNDARIES] if p == BASELINE else boundaries
         specs += [ArmSpec(p if m == SERVER_BOUNDARIES else f"{p}-{m}", p, boundaries=m)
                   for m in modes]
@@ -320,23 +358,29 @@ def model_args(model: str, model_dir: Path) -> list[str]:
     return args + ["--context-length", str(models.CONTEXT_LENGTH), *models.budget_args(model)]
 
 
-def server_cmd(spec: ArmSpec, stock_cmd: str, common: list[str], trace: Path) -> list[str]:
+def server_cmd(spec: ArmSpec, stock_cmd: str, common: list[str], trace: Path,
+               profile: str | None = None) -> list[str]:
+    """The arm's server command; `profile`: the simulated executor's cost profile (not for
+    SGLang's own launcher, whose model executor has none)."""
     py = sys.executable
+    common = common + ([] if spec.schedule is None else ["--schedule-policy", spec.schedule])
+    sim = [] if profile is None else ["--radixflow-sim-profile", profile]
     if spec.policy == BASELINE:
         if stock_cmd == "sglang":
             return [py, "-m", "sglang.launch_server", *common]
         return [py, "-m", "radixflow_sglang.launch_server", "--radixflow-policy", "stock",
-                *common]
+                *sim, *common]
     mode = ([] if spec.boundaries == SERVER_BOUNDARIES
             else ["--radixflow-boundaries", spec.boundaries])
     return [py, "-m", "radixflow_sglang.launch_server", "--radixflow-policy", spec.policy,
-            "--radixflow-trace", str(trace), *mode, *common]
+            "--radixflow-trace", str(trace), *mode, *sim, *common]
 
 
 def server_env() -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
-    for key in ("RADIXFLOW_POLICY", "RADIXFLOW_TRACE"):
+    # NOTE: the profile is each command's flag (server_cmd); the variable would not say which
+    for key in ("RADIXFLOW_POLICY", "RADIXFLOW_TRACE", PROFILE_VAR):
         env.pop(key, None)
     return env
 
@@ -381,7 +425,8 @@ def run_arm(spec: ArmSpec, segments, cfg: argparse.Namespace, common: list[str],
     trace_path, raw_path = arm_dir / "trace.jsonl", arm_dir / "requests.jsonl"
     for p in (trace_path, raw_path):
         p.unlink(missing_ok=True)
-    cmd = server_cmd(spec, cfg.stock_cmd, [*common, "--port", str(port)], trace_path)
+    cmd = server_cmd(spec, cfg.stock_cmd, [*common, "--port", str(port)], trace_path,
+                     getattr(cfg, "sim_profile", None))
     arm = LiveArm(spec.name, command=shlex.join(cmd))
     t0 = time.perf_counter()
     try:
@@ -464,12 +509,13 @@ def run_bench_policy(policy: str, shape: bench_arm.BenchShape, cfg: argparse.Nam
     server's idle memory check passed after it; a failure fails that run and the ones not yet
     run on this server (recorded with the error, never filled in). Each run also records the
     scheduler process's CPU seconds during it (the host time its rounds cost)."""
-    spec = ArmSpec(policy, policy)
+    spec = ArmSpec.of(policy)
     out_dir = cfg.out / (f"bench-{policy}" + (f"-r{repeat}" if repeat else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path, log = out_dir / "trace.jsonl", out_dir / "server.log"
     trace_path.unlink(missing_ok=True)
-    cmd = server_cmd(spec, cfg.stock_cmd, [*common, "--port", str(port)], trace_path)
+    cmd = server_cmd(spec, cfg.stock_cmd, [*common, "--port", str(port)], trace_path,
+                     getattr(cfg, "sim_profile", None))
     runs = [bench_arm.BenchRun(b, policy, server_command=shlex.join(cmd), repeat=repeat)
             for b in cfg.bench]
     done = 0
@@ -545,17 +591,25 @@ TWIN_KEYS = ("requests", "rounds", "scheduled_tokens", "hit_tokens", "input_toke
 LAYOUTS = ("extra_buffer", "no_buffer")
 
 
-def twin_cost(model: str, gpu: bool):
-    """The simulated executor's cost model as the twin's (prefill alpha + beta * tokens + gamma
-    * rows; a decode step is a forward of one token per row: adapter/simulated.py), or on a GPU
+def twin_cost(model: str, gpu: bool, profile: str | None = None):
+    """The simulated executor's cost model at `profile` as the twin's (prefill alpha + beta *
+    tokens + gamma * rows; a decode step is a forward of one token per row: adapter/
+    simulated.py; RADIXFLOW_SIM_ALPHA/BETA/GAMMA override as they do the servers'), or on a GPU
     machine the model's default cost (eval/costmodel.py)."""
-    from eval.costmodel import CostModel, default_cost
+    from eval.costmodel import default_cost, profile_cost
 
     if gpu:
         return default_cost(model)
-    c = sim_cost()
-    return CostModel(c["alpha"], c["beta"], c["gamma"], source="simulated executor",
-                     dec_alpha=c["alpha"], dec_gamma=c["beta"] + c["gamma"])
+    return profile_cost(profile or DEFAULT_PROFILE, model, os.environ, "--profiles")
+
+
+def twin_host(choice: str, gpu: bool):
+    """--twin-host as an eval.hostcost.HostCost (None: free scans); auto: the deterministic
+    model where the live host is this kind of CPU box (the simulated executor), none on a GPU
+    box."""
+    from eval.hostcost import host_model
+
+    return host_model(("none" if gpu else "model") if choice == "auto" else choice)
 
 
 def server_layout(arm_dir: Path) -> str:
@@ -571,8 +625,30 @@ def server_layout(arm_dir: Path) -> str:
     return value if value in LAYOUTS else "extra_buffer"
 
 
+def release_lag(events: Sequence[Mapping[str, Any]] | None, segments, prefix: str
+                ) -> float | None:
+    """How far apart the live server registered the questions one completion released (a
+    sibling-after-completion group's siblings, sent together): per group its registration
+    span / (followers - 1), the median over groups (seconds; None without such groups or
+    trace). `prefix`: the arm's rid prefix (make_sender)."""
+    import statistics
+
+    reg = {e["rid"]: e["registered"] for e in events or () if e.get("event") == "selected"}
+    groups: dict[str, list[str]] = {}
+    for seg in segments:
+        for q in seg.questions:
+            if q.after is not None:
+                groups.setdefault(f"{seg.name}/{q.after}", []).append(q.branches[0].rid)
+    spans = []
+    for rids in groups.values():
+        stamps = [reg.get(prefix + r) for r in rids]
+        if len(rids) > 1 and None not in stamps:
+            spans.append((max(stamps) - min(stamps)) / (len(rids) - 1))
+    return statistics.median(spans) if spans else None
+
+
 def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: int, cost,
-                    layout: str, host=None) -> dict[str, Any]:
+                    layout: str, host=None, release_lag_s: float = 0.0) -> dict[str, Any]:
     """The twin's figures (TWIN_KEYS) for one arm: the same workload, policy and boundary mode
     in virtual time, free scans (`host`: an eval.hostcost.HostCost charges them, eval/twin.py
     `run_arm`); a failure is recorded with its error, never filled in."""
@@ -582,9 +658,11 @@ def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: in
     rf = (None if spec.policy == BASELINE
           else RadixFlowConfig(policy=spec.policy, boundaries=spec.boundaries))
     out: dict[str, Any] = {"layout": layout, "cost_model": cost.source,
-                           "host": None if host is None else host.source}
+                           "host": None if host is None else host.source,
+                           "release_lag_ms": release_lag_s * 1e3}
     res = run_arm(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
-                  seed=seed, host=host, radixflow_config=rf)
+                  seed=seed, host=host, radixflow_config=rf, kit_overrides=spec.kit_overrides,
+                  release_lag_s=release_lag_s)
     if res.error is not None:
         return out | {"failed": True, "error": res.error[:2000], "wall_s": res.wall_s}
     return out | {k: res.metrics.get(k) for k in TWIN_KEYS} | {"wall_s": res.wall_s}
@@ -592,20 +670,42 @@ def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: in
 
 def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
               args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
-    """Each ids arm's twin prediction into arms[name].twin; returns the model used."""
-    cost = twin_cost(args.model, gpu)
+    """Each ids arm's twin prediction into arms[name].twin; returns the models used."""
+    cost = twin_cost(args.model, gpu, getattr(args, "sim_profile", None))
+    host = twin_host(getattr(args, "twin_host", "auto"), gpu)
+    # NOTE: a registration waits for the scan after the forward running when the request
+    # came: at a long-round profile (paper: ~50 ms) that, not the sender, spaces them, so a run
+    # of several profiles replays every one with the box run's lag (see main)
+    lag = getattr(args, "release_lag_s", None)
+    if lag is None:
+        lag = live_release_lag(arms, specs, segments, args.out)
     for spec in specs:
         if spec.fork:
             continue  # NOTE: re-tokenized text: the twin's ids are not what the server saw
         layout = server_layout(args.out / f"arm-{spec.name}")
         arms[spec.name].twin = twin_prediction(spec, segments, args.model, args.overlap,
-                                               args.seed, cost, layout)
+                                               args.seed, cost, layout, host, lag or 0.0)
         t = arms[spec.name].twin
         print(f"[{spec.name} twin] " + (f"FAILED: {t['error']}" if t.get("failed") else
                                         f"sched={t['scheduled_tokens']} rounds={t['rounds']} "
                                         f"lat_mean={t['latency_mean_s']:.4f}s"),
               file=sys.stderr)
-    return {"cost": cost.as_dict(), "host_cost": None}
+    return {"cost": cost.as_dict(), "host_cost": None if host is None else host.as_dict(),
+            "release_lag_ms": None if lag is None else lag * 1e3}
+
+
+def live_release_lag(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
+                     out: Path) -> float | None:
+    """release_lag of the first traced ids arm that ran (the twin's lag for every arm: the
+    server's HTTP and tokenizer, not the policy, space the releases)."""
+    from eval import client
+
+    for spec in specs:
+        arm = arms.get(spec.name)
+        if spec.traced and not spec.fork and arm is not None and arm.ok:
+            trace = client.load_trace(out / f"arm-{spec.name}" / "trace.jsonl")
+            return release_lag(trace, segments, f"{spec.name}/")  # NOTE: make_sender's rids
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -622,16 +722,16 @@ def gpu_available() -> bool:
         return False
 
 
-def sim_cost() -> dict[str, float]:
-    env = {"alpha": "RADIXFLOW_SIM_ALPHA", "beta": "RADIXFLOW_SIM_BETA",
-           "gamma": "RADIXFLOW_SIM_GAMMA"}
-    return {k: float(os.environ[v]) if os.environ.get(v) else SIM_DEFAULTS[k]
-            for k, v in env.items()}
+def sim_cost(model: str, profile: str | None = None) -> dict[str, Any]:
+    """The simulated executor's cost in force at `profile` (radixflow_sglang/profiles.py, the
+    RADIXFLOW_SIM_* overrides of this environment, which the servers inherit)."""
+    return resolve(profile or DEFAULT_PROFILE, model, os.environ, "--profiles").as_dict()
 
 
 def make_config(args: argparse.Namespace, gpu: bool, common: list[str],
                 shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
     cfg = {"workload": args.workload, "model": args.model, "model_dir": str(args.model_dir),
+           "profile": getattr(args, "sim_profile", None),
            "policies": args.policies, "boundaries": args.boundaries,
            "fork_arm": args.fork_arm, "regime": args.regime,
            "order": args.order, "rate": args.rate, "questions": args.questions,
@@ -646,7 +746,8 @@ def make_config(args: argparse.Namespace, gpu: bool, common: list[str],
         shape["rate"] = "inf" if math.isinf(shape["rate"]) else shape["rate"]
         cfg |= {"bench_policies": args.bench_policies, "bench_shape": shape}
     if not gpu:
-        cfg["sim_cost"] = sim_cost()
+        cfg["sim_cost"] = sim_cost(args.model, getattr(args, "sim_profile", None))
+    cfg["twin_host"] = getattr(args, "twin_host", "auto")
     return cfg
 
 
@@ -712,10 +813,52 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"python -m eval.run_arms: error: cannot build the workload: {e}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     common = [*model_args(args.model, args.model_dir), "--host", "127.0.0.1"]
     common += [] if args.overlap else ["--disable-overlap-schedule"]
     common += shlex.split(args.server_args)
+    profiles = run_profiles(parser, args, gpu)
+    results = {}
+    for prof in profiles:
+        sub = argparse.Namespace(**vars(args))
+        sub.sim_profile = prof
+        sub.out = args.out if len(profiles) == 1 else args.out / f"profile-{prof}"
+        results[prof] = run_profile(sub, gpu, common, segments, shape)
+        if prof == DEFAULT_PROFILE:  # NOTE: the box run's lag for the later profiles' twins
+            lag_ms = (results[prof][1]["config"].get("twin_model") or {}).get("release_lag_ms")
+            args.release_lag_s = None if lag_ms is None else lag_ms / 1e3
+    if len(profiles) > 1:
+        from eval.profiles_report import write_profiles
+
+        write_profiles(args.out, {p: summary for p, (_, summary) in results.items()})
+        print(f"wrote {args.out}/profiles.md", file=sys.stderr)
+    return 0 if all(ok for ok, _ in results.values()) else 1
+
+
+def run_profiles(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                 gpu: bool) -> list[str | None]:
+    """--profiles, else $RADIXFLOW_SIM_PROFILE, else box; [None] on a GPU box (no profile: the
+    model executor has none). Errors name the flag or the variable."""
+    if gpu:
+        if args.profiles:
+            parser.error("--profiles: a GPU is visible, so the servers run the model executor, "
+                         "which has no cost profile (profiles are the simulated executor's)")
+        return [None]
+    chosen = args.profiles or [os.environ.get(PROFILE_VAR) or DEFAULT_PROFILE]
+    chosen = sorted(chosen, key=lambda p: p != DEFAULT_PROFILE)  # NOTE: box first (its lag)
+    name = "--profiles" if args.profiles else PROFILE_VAR
+    for prof in chosen:
+        try:
+            resolve(prof, args.model, os.environ, name)
+        except ValueError as e:
+            parser.error(str(e))
+    return chosen
+
+
+def run_profile(args: argparse.Namespace, gpu: bool, common: list[str], segments,
+                shape) -> tuple[bool, dict[str, Any]]:
+    """Every arm, its twin and the bench runs at one profile, written to args.out: (every run
+    ok, summary.json's dict)."""
+    args.out.mkdir(parents=True, exist_ok=True)
     config = make_config(args, gpu, common, shape)
     t0 = time.perf_counter()
     ports = iter(range(args.port_base, 1 << 16)) if args.port_base is not None else None
@@ -728,16 +871,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.twin and specs:
         # NOTE: after every live arm, so the twin's CPU work never overlaps a live server
         config["twin_model"] = twin_arms(arms, specs, segments, args, gpu)
-    shape = bench_shape(args)
+    bshape = bench_shape(args)
     order = bench_order(args.bench_policies, args.bench_repeat) if args.bench else []
     runs = [r for k, policy in order
-            for r in run_bench_policy(policy, shape, args, common, _port(ports), k)]
+            for r in run_bench_policy(policy, bshape, args, common, _port(ports), k)]
     total = time.perf_counter() - t0
-    write_outputs(args.out, config, arms, total,
-                  bench=bench_arm.summary(runs, shape) if runs else None)
+    summary = write_outputs(args.out, config, arms, total,
+                            bench=bench_arm.summary(runs, bshape) if runs else None)
     print(f"wrote {args.out}/summary.json and {args.out}/report.md ({total:.1f}s wall)",
           file=sys.stderr)
-    return 0 if all(a.ok for a in arms.values()) and all(r.ok for r in runs) else 1
+    return all(a.ok for a in arms.values()) and all(r.ok for r in runs), summary
 
 
 def _port(ports) -> int:

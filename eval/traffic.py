@@ -14,6 +14,11 @@ unit (arrival -> its last branch done).
   warm-up). Branch.boundary = the system-prompt length (issue 15's declared boundary).
 * `gsp-paced`: the same prompts; each group's first request arrives at its time (Poisson at
   `rate` groups/s, default inf), its siblings `after` it with gap 0 (together, once it finished).
+* `sibling-after-completion` (issue 51): groups of `prompts_per_group` siblings on a shared
+  `system_len`-token prefix (default 16 x 4, 1,024 + 64, one output token); each group's first
+  request arrives alone (Poisson at `rate` groups/s, default 2), completes, then its siblings
+  arrive together (`after` it, gap 0). No boundary is declared: the held-out client that found
+  the shape sends none, so the server must learn where the siblings' prefix ends.
 * `nsample` (`nsample_mode` burst | warm): `prompts` prompts of `prompt_len` ids, Poisson at
   `rate` prompts/s (default 1); burst: one Question of `n` identical branches (what RL rollout
   frameworks send); warm: SGLang's `n` path (managers/tokenizer_manager.py
@@ -47,10 +52,11 @@ from eval.requests import SYNTHETIC_ID_RANGE, Branch, Question, Segment
 from eval.requests import model_key as _model_key
 from radixflow_sglang import models
 
-WORKLOADS = ("gsp", "gsp-paced", "nsample", "multiturn", "noshare")
+SIBLING = "sibling-after-completion"
+WORKLOADS = ("gsp", "gsp-paced", SIBLING, "nsample", "multiturn", "noshare")
 NSAMPLE_MODES = ("burst", "warm")
-DEFAULT_RATE = {"gsp": math.inf, "gsp-paced": math.inf, "nsample": 1.0, "multiturn": 1.0,
-                "noshare": 4.0}
+DEFAULT_RATE = {"gsp": math.inf, "gsp-paced": math.inf, SIBLING: 2.0, "nsample": 1.0,
+                "multiturn": 1.0, "noshare": 4.0}
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,6 +74,14 @@ class GspShape:
 
     def max_len(self) -> int:
         return self.system_len + self.question_len + self.output_len
+
+
+@dataclass(frozen=True)
+class SiblingShape(GspShape):
+    """The held-out client's groups (issue 51): 1,024-token shared prefixes, one output token."""
+
+    system_len: int = 1024
+    output_len: int = 1
 
 
 @dataclass(frozen=True)
@@ -105,7 +119,8 @@ class NoshareShape:
         return self.prompt_len + self.output_len
 
 
-SHAPES: dict[str, type] = {"gsp": GspShape, "gsp-paced": GspShape, "nsample": NSampleShape,
+SHAPES: dict[str, type] = {"gsp": GspShape, "gsp-paced": GspShape, SIBLING: SiblingShape,
+                           "nsample": NSampleShape,
                            "multiturn": MultiturnShape, "noshare": NoshareShape}
 # NOTE: output_len 0 is a prefill-only request (allowed); every count and prompt piece >= 1.
 _MIN = {"output_len": 0, "think_s": 0.0}
@@ -177,8 +192,8 @@ def segments(name: str, model: str, *, seed: int = 0, rate: float | None = None,
     if not rate > 0:
         raise ValueError(f"rate must be > 0 (per second; inf = all at once), got {rate}")
     gen = _Gen(name, seed, rate)
-    if name in ("gsp", "gsp-paced"):
-        return [gen.gsp(shp, paced=name == "gsp-paced")]
+    if name in ("gsp", "gsp-paced", SIBLING):
+        return [gen.gsp(shp, paced=name != "gsp", declare=name != SIBLING)]
     if name == "nsample":
         return [gen.nsample(shp)]
     if name == "multiturn":
@@ -203,7 +218,7 @@ class _Gen:
     family share prompts), `gaps` draws arrival and think gaps."""
 
     def __init__(self, name: str, seed: int, rate: float) -> None:
-        family = {"gsp-paced": "gsp"}.get(name, name)
+        family = {"gsp-paced": "gsp", SIBLING: "sibling"}.get(name, name)
         self.name, self.family, self.seed, self.rate = name, family, seed, rate
         self.content = random.Random(f"traffic/{family}/content/{seed}")
         self.gaps = random.Random(f"traffic/{name}/gaps/{seed}")
@@ -236,7 +251,7 @@ class _Gen:
     def _segment(self, order: str, qs: list[Question]) -> Segment:
         return Segment(self.family, order, tuple(qs))
 
-    def gsp(self, s: GspShape, *, paced: bool) -> Segment:
+    def gsp(self, s: GspShape, *, paced: bool, declare: bool = True) -> Segment:
         systems = [self.ids(s.system_len) for _ in range(s.groups)]
         prompts = [[systems[g] + self.ids(s.question_len) for _ in range(s.prompts_per_group)]
                    for g in range(s.groups)]
@@ -244,7 +259,7 @@ class _Gen:
         def q(g: int, p: int, **kw: Any) -> Question:
             return self.question(f"g{g}.p{p}", f"g{g}", [prompts[g][p]],
                                  prefix_len=s.system_len, max_new_tokens=s.output_len,
-                                 boundary=s.system_len, **kw)
+                                 boundary=s.system_len if declare else None, **kw)
 
         if not paced:
             slots = [(g, p) for g in range(s.groups) for p in range(s.prompts_per_group)]

@@ -300,6 +300,7 @@ def replay(
     gpu: Callable[[Any], float] | None = None,
     ignore_eos: bool = True,
     executor: str = "witness",
+    release_lag_s: float = 0.0,
 ) -> ArmResult:
     """Replay segments in sequence through a fresh Kit in virtual time; raise on any violation.
 
@@ -313,6 +314,10 @@ def replay(
     decode can run out of KV and retract (Kit.req). `executor`: the kit's (Kit.executor):
     "witness" checks every resumed state against its prefix and raises WitnessMismatch on the
     first wrong one; its counts are `metrics["witness"]`, the output ids `result.outputs`.
+    `release_lag_s`: the questions one completion releases reach the scheduler this far apart,
+    in send order (a live server's HTTP and tokenizer take each request in turn: ~9-13 ms on
+    the 2-core box at the box profile); their latency still counts from the release, as the
+    live client counts it from the send.
     """
     import torch
 
@@ -324,14 +329,15 @@ def replay(
         return _replay(questions_or_segments, model, policy, layout=layout, overlap=overlap,
                        cost=cost, seed=seed, progress=progress, kit_overrides=kit_overrides,
                        radixflow_config=radixflow_config, host=host, on_forward=on_forward,
-                       gpu=gpu, ignore_eos=ignore_eos, executor=executor)
+                       gpu=gpu, ignore_eos=ignore_eos, executor=executor,
+                       release_lag_s=release_lag_s)
     finally:
         torch.set_num_threads(threads)
 
 
 def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
             kit_overrides, radixflow_config, host=None, on_forward=None, gpu=None,
-            ignore_eos=True, executor="witness") -> ArmResult:
+            ignore_eos=True, executor="witness", release_lag_s=0.0) -> ArmResult:
     from radixflow_sglang.testing.kit import Kit, KitConfig
     from radixflow_sglang.testing.loop import VirtualClock, VirtualLoop
 
@@ -359,6 +365,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     q_size: list[int] = []
     seg_index = [0]
     followers: dict[int, list[int]] = {}  # question -> the questions released by its completion
+    visible: dict[int, float] = {}  # a released question -> when the scheduler sees it
     qobj: dict[int, Question] = {}
 
     def launched(launch) -> None:
@@ -427,9 +434,10 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         if q_done[qi] == q_size[qi]:
             if bar is not None:
                 bar.update(1)
-            for f in followers.pop(qi, ()):  # closed loop: the next turn is sent now
+            for k, f in enumerate(followers.pop(qi, ())):  # closed loop: sent now
                 arrival = qr.completion_s + qobj[f].arrival_s
                 result.questions[f].arrival_s = arrival
+                visible[f] = arrival + k * release_lag_s
                 for b in qobj[f].branches:
                     branches[b.rid].arrival_s = arrival
                 loop.arrive(f)
@@ -461,7 +469,8 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         blocked0 = rt.totals.blocked if rt is not None else 0
         order = _questions(seg, result, branches, qobj, followers, q_done, q_size, si, offset)
         try:
-            info.end_s = loop.run(order, lambda qi: result.questions[qi].arrival_s, submit)
+            info.end_s = loop.run(order, lambda qi: visible.get(qi, result.questions[qi].arrival_s),
+                                  submit)
         except RuntimeError as e:
             if "never processed" in str(e):
                 raise ConservationError(f"segment {seg.name}: {e}") from None
@@ -738,11 +747,14 @@ def probe_segments(seed: int = 0, tokens: int = 8192) -> list[Segment]:
 def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str = "extra_buffer",
             overlap: bool = False, cost: CostModel | None = None, seed: int = 0,
             progress: bool = False, host: Any = None,
-            radixflow_config: Any = None, executor: str = "witness") -> ArmResult:
+            radixflow_config: Any = None, executor: str = "witness",
+            kit_overrides: dict[str, Any] | None = None,
+            release_lag_s: float = 0.0) -> ArmResult:
     """`replay`, where a failure is a failed arm: it carries its error and no numbers.
 
     `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
-    time, and the cost model's alpha/gamma lose their host part) or None (free scans)."""
+    time, and the cost model's alpha/gamma lose their host part) or None (free scans).
+    `kit_overrides`: KitConfig fields (e.g. schedule_policy "lpm" for the stock-lpm arm)."""
     from eval.hostcost import gpu_cost
 
     t0 = time.perf_counter()
@@ -751,7 +763,8 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
         fn = host.host_fn(policy) if host is not None else None
         res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
                      seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host),
-                     radixflow_config=radixflow_config, executor=executor)
+                     radixflow_config=radixflow_config, executor=executor,
+                     kit_overrides=kit_overrides, release_lag_s=release_lag_s)
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)

@@ -20,6 +20,7 @@ from typing import Any
 
 from radixflow_sglang.core.boundary import MODES as BOUNDARY_MODES
 from radixflow_sglang.core.policy import ADMISSION_MS_RANGE, POLICIES, PolicySpec, policy_spec
+from radixflow_sglang.profiles import DEFAULT_PROFILE, PROFILES
 
 FLAG_PREFIX = "--radixflow-"
 ENV_PREFIX = "RADIXFLOW_"
@@ -137,6 +138,11 @@ SETTINGS: tuple[Setting, ...] = (
             "forward, as every wait decision prices it; default: measured (the median wall "
             "period less the forward over the last 32 prefill rounds). Pin it to make "
             "decisions independent of host load", low=0, high=60_000, unit=" ms"),
+    Setting("sim_profile", str, DEFAULT_PROFILE, "the simulated executor's round cost "
+            "(radixflow_sglang/profiles.py): box (5 ms + 2 us/token + 0.1 ms/row) or paper (the "
+            "served model's A800 rounds, the paper's Table 9: 0.8B 42.6 ms + 7.1 us/token); "
+            "RADIXFLOW_SIM_ALPHA/BETA/GAMMA override one coefficient each; the model executor "
+            "ignores it", choices=PROFILES),
 )
 LAUNCHER_SETTINGS: tuple[Setting, ...] = (
     Setting("executor", str, None, "model (GPU) or simulated (CPU cost model); default: model "
@@ -162,6 +168,7 @@ class RadixFlowConfig:
     chat_boundary: str = "off"  # the chat system message as a declared boundary
     drain_timeout: float = 30.0  # seconds a SIGTERM drain waits before aborting (adapter/drain.py)
     round_overhead_ms: float | None = None  # a round's host overhead, pinned (None: measured)
+    sim_profile: str = DEFAULT_PROFILE  # the simulated executor's cost profile (profiles.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):

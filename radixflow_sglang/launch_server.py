@@ -18,7 +18,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixflow_sglang import models
+from radixflow_sglang import models, profiles
 from radixflow_sglang.config import (
     BY_FIELD,
     ENV_PREFIX,
@@ -171,6 +171,28 @@ def cpu_rank_binding(ranks: int) -> str:
     return "|".join(",".join(map(str, cores[i * per:(i + 1) * per])) for i in range(ranks))
 
 
+def model_path_arg(rest: list[str]) -> str | None:
+    """The SGLang args' model path (None: not given)."""
+    for i, a in enumerate(rest):
+        if a in ("--model-path", "--model") and i + 1 < len(rest):
+            return rest[i + 1]
+        if a.startswith(("--model-path=", "--model=")):
+            return a.split("=", 1)[1]
+    return None
+
+
+def sim_cost(cfg: RadixFlowConfig, rest: list[str], sources: Mapping[str, str],
+             env: Mapping[str, str] | None = None) -> profiles.SimCost:
+    """The simulated executor's cost in force (profiles.py), checked before SGLang starts;
+    an error names the flag or variable that chose the profile and exits 2."""
+    name = sources.get("sim_profile", BY_FIELD["sim_profile"].flag)
+    try:
+        return profiles.resolve(cfg.sim_profile, profiles.model_of(model_path_arg(rest)),
+                                os.environ if env is None else env, name)
+    except ValueError as e:
+        parser().error(str(e))
+
+
 def scheduler_entry(executor: str):
     if executor == "simulated":
         from radixflow_sglang.adapter.simulated import (
@@ -205,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
         if launch.executor is None:
             logger.info("no GPU found: simulated executor (CPU cost model, SGLang's scheduler)")
         rest = simulated_args(rest)
+        # NOTE: the profile in force, in the start-up log (/server_info repeats it per rank)
+        logger.info("simulated executor: %s", sim_cost(cfg, rest, launch.sources).describe())
     apply_env(child_env(cfg), os.environ)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -159,7 +159,7 @@ def test_the_plugin_says_when_radixflow_is_active_and_with_which_policy():
     assert "state-ready traversal" in described
     settings = ("policy=traversal admission_ms=off theta=default park_margin=1 frag_cap=2 "
                 "trace=default boundaries=both chat_boundary=off drain_timeout=30.0 "
-                "round_overhead_ms=default")
+                "round_overhead_ms=default sim_profile=box")
     assert lines == [f"[radixflow] RadixFlow active (plugin): policy traversal: {described}; "
                      f"settings {settings}; request checks on"]
 

@@ -189,7 +189,10 @@ def test_workloads_map_onto_run_arms_machinery():
     assert burst.bench == paced.bench == "gsp" and burst.shape.output_len == 2
     assert burst.shape.rate == float("inf") and paced.shape.rate == 3.0
     assert "3 req/s" in paced.describe and burst.twin_segments is not None
-    assert [s.name for s in fork.specs] == ["stock-fork", "radixflow-fork"]
+    assert [s.name for s in fork.specs.values()] == ["stock-fork", "radixflow-fork"]
+    # NOTE: the lpm arm joins every workload but the fork programs (SGLang's frontend)
+    assert fork.arms == ("stock", "radixflow") and burst.arms == ("stock", "radixflow",
+                                                                  "stock-lpm")
     assert fork.twin_segments is None and "re-tokenizes" in fork.twin_note
     twin = paced.twin_segments()
     assert len(twin[0]) == 16 * 4  # the same gsp shape for the twin
@@ -208,7 +211,9 @@ def test_the_trace_workload_sends_the_twins_blocks(tmp_path):
                          str(trace), "--trace-window", "0:3", "--trace-speed", "2"])
     live_ab.check_args(p, args)
     tr, mc = (live_ab.make_workload(n, args) for n in args.workloads)
-    assert tr.bench is None and [s.name for s in tr.specs] == ["stock", "radixflow"]
+    assert tr.bench is None and [s.name for s in tr.specs.values()] == ["stock", "radixflow",
+                                                                        "stock-lpm"]
+    assert tr.specs["stock-lpm"].policy == "stock" and tr.specs["stock-lpm"].schedule == "lpm"
     assert [len(q.branches[0].input_ids) for q in tr.segments[0]] == [700] * 3
     assert tr.twin_segments() is tr.segments  # NOTE: the twin replays what was sent
     assert mc.bench == "mooncake" and mc.shape.requests_of("mooncake") == 3
@@ -218,8 +223,9 @@ def test_the_trace_workload_sends_the_twins_blocks(tmp_path):
 @pytest.mark.live
 @pytest.mark.slow
 def test_live_ab_two_servers_one_repetition(tmp_path):
-    """Two real servers (stock, radixflow), one repetition of a tiny gsp burst: both runs
-    complete, the report has its table, plot and twin, the load is recorded."""
+    """Three real servers (stock, radixflow, stock-lpm), one repetition of a tiny gsp burst:
+    every run completes, the report has its tables (stock-lpm's own rows), plot and twin, the
+    load and the cost profile are recorded."""
     out = tmp_path / "ab"
     cmd = [sys.executable, "-m", "eval.live_ab", "--workloads", "gsp-burst", "--repeat", "1",
            "--gsp-groups", "2", "--gsp-prompts-per-group", "2", "--gsp-system-len", "512",
@@ -228,8 +234,15 @@ def test_live_ab_two_servers_one_repetition(tmp_path):
     assert proc.returncode == 0, proc.stderr[-6000:]
     summary = json.loads((out / "summary.json").read_text())
     entry = summary["workloads"]["gsp-burst"]
-    assert [(r["arm"], r["error"]) for r in entry["runs"]] == [("stock", None),
-                                                               ("radixflow", None)]
+    assert [(r["arm"], r["error"]) for r in entry["runs"]] == [
+        ("stock", None), ("radixflow", None), ("stock-lpm", None)]
+    lpm = entry["summary"]["mean_e2e_ms"]["others"]["stock-lpm"]
+    assert len(lpm["ratios"]) == 1 and lpm["ratio"] > 0
+    assert entry["twin"]["default"]["ratios_lpm"]["mean_e2e_ms"] is not None
+    info = json.loads((Path(entry["runs"][2]["dir"]) / "server_info.json").read_text())
+    assert info["schedule_policy"] == "lpm"
+    assert info["internal_states"][0]["sim_cost"]["profile"] == "box"
+    assert summary["config"]["sim_cost"]["profile"] == "box"
     for r in entry["runs"]:
         assert r["load_before"]["cpus"] >= 1 and r["load_after"] is not None
         assert r["figures"]["prefill_batches"] >= 1 and r["figures"]["mean_e2e_ms"] > 0
@@ -244,7 +257,9 @@ def test_live_ab_two_servers_one_repetition(tmp_path):
     assert "4 arrivals replayed" in live["note"] and "ms per iteration" in live["note"]
     assert "twin (scans)" in (out / "report.md").read_text()
     assert (out / "plot-gsp-burst.png").exists()
-    assert "## gsp-burst" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "## gsp-burst" in report and "stock-lpm/stock" in report
+    assert "Cost profile **box**" in report
 
 
 def test_the_twin_charges_its_scans_when_given_a_host_model():

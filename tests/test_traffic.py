@@ -190,8 +190,8 @@ def test_rate_and_model_are_checked():
     (["--workload", "nsample", "--questions", "5"], "--questions applies to the paper"),
     (["--workload", "gsp", "--n", "4"], "--n does not apply to --workload gsp (its flags: "
      "--groups, --prompts-per-group"),
-    (["--workload", "mix", "--groups", "2"], "--groups applies to --workload gsp, gsp-paced "
-     "only, not to mix"),
+    (["--workload", "mix", "--groups", "2"], "--groups applies to --workload gsp, gsp-paced, "
+     "sibling-after-completion only, not to mix"),
     (["--workload", "nsample", "--nsample-mode", "x"], "argument --nsample-mode: invalid choice"),
     (["--workload", "gsp", "--system-len", "0"], "argument --system-len: must be > 0"),
     (["--workload", "gsp", "--system-len", "40000"], "over the context length"),

@@ -14,7 +14,8 @@ forward, sleeps a cost-model time and emits one deterministic token per request.
 
 `--device cpu` lets server-arg resolution and the gloo process groups run without CUDA (do not
 set SGLANG_USE_CPU_ENGINE). Overlap scheduling (omit --disable-overlap-schedule) also runs.
-RADIXFLOW_POLICY selects the scheduler class; RADIXFLOW_SIM_ALPHA/BETA/GAMMA the cost model;
+RADIXFLOW_POLICY selects the scheduler class; RADIXFLOW_SIM_PROFILE (box, paper) the cost model,
+RADIXFLOW_SIM_ALPHA/BETA/GAMMA override its coefficients (radixflow_sglang/profiles.py);
 RADIXFLOW_SIM_GATE (tests only) lets a test hold each forward (adapter/forward_gate.py).
 
 `run_scheduler_process_simulated` is handed to `http_server.launch_server` as its
@@ -27,6 +28,8 @@ import logging
 import os
 import time
 from types import SimpleNamespace
+
+from radixflow_sglang import profiles
 
 from . import check_sglang_version, sim_outputs
 from .forward_timer import SIM_ATTR
@@ -51,18 +54,15 @@ _UPSTREAM_SCHEDULER = _sched_mod.Scheduler
 _UPSTREAM_RUN = _sched_mod.run_scheduler_process
 
 
-def _env_float(name: str, default: float) -> float:
-    v = os.environ.get(name)
-    return float(v) if v else default
-
-
 class CostModel:
-    """c = alpha + beta * tokens + gamma * rows seconds (env RADIXFLOW_SIM_ALPHA/BETA/GAMMA)."""
+    """c = alpha + beta * tokens + gamma * rows seconds: the profile RADIXFLOW_SIM_PROFILE names
+    (box or paper, radixflow_sglang/profiles.py) for the served model, each of
+    RADIXFLOW_SIM_ALPHA/BETA/GAMMA overriding its coefficient."""
 
-    def __init__(self) -> None:
-        self.alpha = _env_float("RADIXFLOW_SIM_ALPHA", 0.005)
-        self.beta = _env_float("RADIXFLOW_SIM_BETA", 2e-6)
-        self.gamma = _env_float("RADIXFLOW_SIM_GAMMA", 1e-4)
+    def __init__(self, model_path: str | None = None) -> None:
+        self.sim = profiles.resolve(os.environ.get(profiles.PROFILE_VAR),
+                                    profiles.model_of(model_path), os.environ)
+        self.alpha, self.beta, self.gamma = self.sim.alpha, self.sim.beta, self.sim.gamma
 
     def __call__(self, tokens: int, rows: int) -> float:
         return self.alpha + self.beta * tokens + self.gamma * rows
@@ -87,7 +87,8 @@ def run_scheduler_process_simulated(*args, **kwargs):
     if not torch.cuda.is_available():
         torch.Tensor.pin_memory = lambda self, *a, **k: self
     # PATCH 4: managers/scheduler.py Scheduler.get_internal_state: /server_info carries the
-    # witness executor's counts (internal_states[i].witness), under every policy.
+    # witness executor's counts (internal_states[i].witness) and the cost profile in force
+    # (internal_states[i].sim_cost), under every policy.
     _UPSTREAM_SCHEDULER.get_internal_state = _with_witness(_UPSTREAM_SCHEDULER.get_internal_state)
     return _UPSTREAM_RUN(*args, **kwargs)
 
@@ -98,14 +99,18 @@ def _with_witness(upstream):
         witness = getattr(self.tp_worker, "witness", None)
         if witness is not None:
             out.internal_state["witness"] = witness.stats.as_dict()
+        cost = getattr(self.tp_worker, "cost", None)
+        if isinstance(cost, CostModel):
+            out.internal_state["sim_cost"] = cost.sim.as_dict()
         return out
 
     return get_internal_state
 
 
 def _init_tp_model_worker(self) -> None:
-    logger.info("radixflow: simulated model worker, scheduler class %s", type(self).__name__)
     self.tp_worker = SimulatedWorker(self.server_args)
+    logger.info("radixflow: simulated model worker, scheduler class %s, %s",
+                type(self).__name__, self.tp_worker.cost.sim.describe())
     if os.environ.get("RADIXFLOW_SIM_GATE"):  # NOTE: test hook, adapter/forward_gate.py
         from .forward_gate import ForwardGate
 
@@ -183,7 +188,7 @@ class SimulatedWorker(TpModelWorker):
         self.enable_overlap = not get_schedule().disable_overlap_schedule
         self.enable_spec = False
         self.hicache_layer_transfer_counter = None
-        self.cost = CostModel()
+        self.cost = CostModel(server_args.model_path)
         self.vocab = self.model_config.vocab_size
         self.witness: Witness | None = None  # built on the first forward (the pools exist then)
 
