@@ -102,3 +102,5 @@ def test_every_setting_in_force_is_in_the_start_up_line_and_server_info(server):
     [line] = [x for x in server.log.read_text().splitlines() if "RadixFlow active" in x]
     shown = dict(kv.split("=", 1) for kv in line.split("; settings ")[1].split(";")[0].split())
     assert sorted(shown) == sorted(names) and shown["chat_boundary"] == "on", line
+    # NOTE: resolved values, as /server_info shows them (the line printed theta=default)
+    assert shown["theta"] == str(settings["theta"]) and "default" not in shown.values(), line
