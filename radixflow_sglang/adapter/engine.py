@@ -61,6 +61,8 @@ def sglang_kwargs(kwargs: Mapping[str, Any], executor: str) -> dict[str, Any]:
     model without `model_path`, CPU serving for the simulated executor (simulated_args), and
     upstream Engine's quiet default log level."""
     out = {k: v for k, v in kwargs.items() if not k.startswith(KWARG_PREFIX)}
+    if "server_args" in out:  # NOTE: upstream's other form: a complete record, used as is
+        return out
     if "model_path" not in out:
         logger.info("no model_path: serving the embedded %s geometry (dummy weights)",
                     models.DEFAULT)
@@ -119,12 +121,13 @@ class Engine(_UpstreamEngine):
             super().__init__(server_args=server_args)
 
     def _server_args(self, kwargs: dict[str, Any], executor: str):
-        """Upstream's record from keywords (engine.py `__init__`'s kwargs path), resolved here
-        so the start-up line can print what the model resolves (theta)."""
+        """Upstream's record from keywords (engine.py `__init__`'s kwargs path) or as given
+        (`server_args=`, taken as is), resolved here so the start-up line can print what the
+        model resolves (theta)."""
         if executor == "simulated":
             from .simulated import allow_extra_buffer_on_cpu
 
             allow_extra_buffer_on_cpu()  # NOTE: resolution runs in this process
-        server_args = self.server_args_class(**kwargs)
+        server_args = kwargs.get("server_args") or self.server_args_class(**kwargs)
         server_args.resolve_once()
         return server_args

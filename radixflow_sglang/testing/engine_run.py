@@ -1,7 +1,7 @@
 """An RL-style rollout through `radixflow_sglang.Engine` on CPU, one engine per policy in turn.
 
     python -m radixflow_sglang.testing.engine_run --layout extra_buffer --out run.json \
-        [--policies stock,radixflow --prompts 4 --samples 4 --output-len 8 --system-len 500]
+        [--policies stock,radixflow --prompts 4 --samples 4 --output-len 8 --system-len 1000]
 
 Each engine runs two phases, each on its own shared system prompt (so one phase's cache cannot
 serve the other's): `expanded`, a synchronous `generate` on input ids with every prompt repeated
@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--output-len", type=int, default=8)
-    p.add_argument("--system-len", type=int, default=500)
+    # NOTE: 16 prompts of ~1,040 tokens overflow one round's budget (the catalog's T = 8,192):
+    # a queue that fits one round, whose recompute costs less than a round, runs quiet (README)
+    p.add_argument("--system-len", type=int, default=1000)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     out = {pol: run_policy(pol, args) for pol in args.policies.split(",")}
