@@ -180,3 +180,16 @@ def test_each_engine_says_it_is_active_with_the_resolved_settings(run):
     for line in lines:
         assert "(Engine, executor simulated)" in line and " theta=64 " in line
         assert "=default" not in line and "round_overhead_ms=measured" in line
+
+
+@pytest.mark.slow
+def test_the_simulated_executor_samples_deterministically_as_the_readme_says(run):
+    """A user comparing n samples must not think sampling is broken: the README says they are
+    identical under the simulated executor, and they are (temperature 1.0, n = 4)."""
+    _, arms, _ = run
+    outs = arms["radixflow"]["phases"]["parallel"]["outputs"]
+    groups = [outs[i:i + 4] for i in range(0, len(outs), 4)]
+    assert all(g == [g[0]] * 4 for g in groups) and len({str(g[0]) for g in groups}) == 4
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "The simulated executor samples deterministically" in readme
+    assert "the `n` samples of one prompt (or one prompt sent n times) are identical" in readme
