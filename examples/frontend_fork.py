@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -82,8 +84,6 @@ def launched(args: argparse.Namespace, log: Path):
     port = free_port()
     cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
            "--port", str(port), "--radixflow-policy", args.policy]
-    import os
-
     return Server(cmd, dict(os.environ, PYTHONUNBUFFERED="1"), log, port)
 
 
@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--url", default="http://127.0.0.1:30000")
     p.add_argument("--launch", action="store_true", help="start a server on a free port first")
     p.add_argument("--policy", default="radixflow", help="with --launch")
-    p.add_argument("--log", type=Path, default=Path("frontend_fork_server.log"),
-                   help="with --launch: the server's log")
+    p.add_argument("--log", type=Path,
+                   default=Path(tempfile.gettempdir()) / "frontend_fork_server.log",
+                   help="with --launch: the server's log (default: in the temp dir)")
     p.add_argument("--documents", type=int, default=8)
     p.add_argument("--branches", type=int, default=4)
     p.add_argument("--document-words", type=int, default=1500)

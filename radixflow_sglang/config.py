@@ -3,7 +3,8 @@
 Every setting is defined once in SETTINGS (its field, type, default, range or choices, help).
 The launcher builds its flags from it and hands the validated config to SGLang's spawned
 processes through the variables (`to_env`); each scheduler process and the plugin read them back
-(`config_from_env`). Checks raise `ConfigError` naming the field; the layer that knows where a
+(`config_from_env`); `radixflow_sglang.Engine` takes them as keywords `radixflow_<field>`
+(`config_from_kwargs`). Checks raise `ConfigError` naming the field; the layer that knows where a
 value came from renders it with the flag or the variable the user actually set.
 
 Engine-free (no SGLang import), so `--help` and argument errors are fast.
