@@ -8,3 +8,13 @@ test helpers on SGLang's real classes.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`radixflow_sglang.Engine`: sglang.Engine with RadixFlow (adapter/engine.py), imported on
+    first use so that importing the package does not import SGLang."""
+    if name == "Engine":
+        from radixflow_sglang.adapter.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,8 @@
 Every setting is defined once in SETTINGS (its field, type, default, range or choices, help).
 The launcher builds its flags from it and hands the validated config to SGLang's spawned
 processes through the variables (`to_env`); each scheduler process and the plugin read them back
-(`config_from_env`). Checks raise `ConfigError` naming the field; the layer that knows where a
+(`config_from_env`); `radixflow_sglang.Engine` takes them as keywords `radixflow_<field>`
+(`config_from_kwargs`). Checks raise `ConfigError` naming the field; the layer that knows where a
 value came from renders it with the flag or the variable the user actually set.
 
 Engine-free (no SGLang import), so `--help` and argument errors are fast.
@@ -24,6 +25,7 @@ from radixflow_sglang.profiles import DEFAULT_PROFILE, PROFILES
 
 FLAG_PREFIX = "--radixflow-"
 ENV_PREFIX = "RADIXFLOW_"
+KWARG_PREFIX = "radixflow_"  # radixflow_sglang.Engine's keywords
 EXECUTORS = ("model", "simulated")
 KIND_NAMES = {int: "an integer", float: "a number", str: "a string"}
 
@@ -149,9 +151,13 @@ LAUNCHER_SETTINGS: tuple[Setting, ...] = (
             "if a GPU is visible", choices=EXECUTORS, env=False),
 )
 BY_FIELD = {s.field: s for s in SETTINGS + LAUNCHER_SETTINGS}
+# NOTE: what an unset setting means, for the start-up line when the model is not known yet (the
+# plugin starts before SGLang reads the model): never the bare word "default"
+UNSET_MEANS = {"theta": "max(G,64)", "trace": "off", "round_overhead_ms": "measured"}
 FIELD_NAMES = {s.field: f"RadixFlowConfig.{s.field}" for s in SETTINGS}
 FLAG_NAMES = {s.field: s.flag for s in SETTINGS + LAUNCHER_SETTINGS}
 VAR_NAMES = {s.field: s.var for s in SETTINGS}
+KWARG_NAMES = {s.field: KWARG_PREFIX + s.field for s in SETTINGS + LAUNCHER_SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -190,9 +196,12 @@ class RadixFlowConfig:
         out["admission_ms"] = self.spec.admission_ms if self.spec.admission else "off"
         return out
 
-    def describe_settings(self) -> str:
-        return " ".join(f"{k}={'default' if v is None else v}"
-                        for k, v in self.settings().items())
+    def describe_settings(self, resolved: Mapping[str, Any] | None = None) -> str:
+        """`k=v` for every setting in force: an unset one as what it resolves to (`resolved`,
+        e.g. theta once the model is known), else the rule that resolves it (UNSET_MEANS)."""
+        values = self.settings() | {k: v for k, v in (resolved or {}).items() if v is not None}
+        return " ".join(f"{k}={UNSET_MEANS.get(k, 'default') if v is None else v}"
+                        for k, v in values.items())
 
     def to_env(self) -> dict[str, str | None]:
         """The variables that carry this config to spawned processes (None: unset it)."""
@@ -220,6 +229,28 @@ def env_texts(env: Mapping[str, str]) -> dict[str, str]:
 def config_from_env(env: Mapping[str, str] | None = None) -> RadixFlowConfig:
     """The scheduler processes' and the plugin's config; errors name the variable."""
     return build(env_texts(os.environ if env is None else env), VAR_NAMES)
+
+
+def config_from_kwargs(kwargs: Mapping[str, Any],
+                       env: Mapping[str, str]) -> tuple[RadixFlowConfig, str | None]:
+    """radixflow_sglang.Engine's settings: keywords `radixflow_<field>` (typed values), else the
+    RADIXFLOW_* variables, else defaults; (config, executor or None). Errors name the keyword
+    or the variable the caller set; an unknown `radixflow_*` keyword lists the known ones."""
+    by_kwarg = {name: field for field, name in KWARG_NAMES.items()}
+    unknown = sorted(k for k in kwargs if k.startswith(KWARG_PREFIX) and k not in by_kwarg)
+    if unknown:
+        raise TypeError(f"unknown RadixFlow keyword {unknown[0]!r} (choose from "
+                        f"{', '.join(by_kwarg)})")
+    given = {by_kwarg[k]: v for k, v in kwargs.items() if k in by_kwarg}
+    executor = given.pop("executor", None)
+    names = {f: KWARG_NAMES[f] for f in given} | {
+        f: VAR_NAMES[f] for f in env_texts(env) if f not in given}
+    try:
+        BY_FIELD["executor"].check(executor)
+    except ConfigError as e:
+        raise e.named(KWARG_NAMES) from None
+    texts = {f: t for f, t in env_texts(env).items() if f not in given}
+    return build(texts, names, parsed=given), executor
 
 
 def argparse_type(setting: Setting) -> Callable[[str], Any]:

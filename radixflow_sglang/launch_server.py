@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
 
     server_args = prepare_server_args(rest)
     server_args.resolve_once()
-    activate(cfg, f"launcher, executor {executor}", executor)  # NOTE: checks for every policy
+    # NOTE: checks for every policy; the resolved args give the line the model's theta
+    activate(cfg, f"launcher, executor {executor}", executor, server_args=server_args)
     ranks = server_args.dp_size * server_args.tp_size * server_args.pp_size
     if executor == "simulated" and ranks > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
         os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_rank_binding(ranks)

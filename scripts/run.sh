@@ -22,10 +22,10 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 cmd="${1:-test}"; shift || true
 case "$cmd" in
   serve)  exec "$PY" -m radixflow_sglang.launch_server "$@" ;;
-  test)   "$PY" -m ruff check radixflow_sglang eval tests
+  test)   "$PY" -m ruff check radixflow_sglang eval tests examples
           exec "$PY" -m pytest -q -m "not live" "$@" ;;
   live)   exec "$PY" -m pytest -q -m live "$@" ;;  # whole eval runs on live servers (~20 min)
   replay) exec "$PY" -m eval.replay "$@" ;;
-  lint)   exec "$PY" -m ruff check radixflow_sglang eval tests ;;
+  lint)   exec "$PY" -m ruff check radixflow_sglang eval tests examples ;;
   *)      echo "usage: bash scripts/run.sh {serve|test|live|replay|lint} [args...]" >&2; exit 2 ;;
 esac

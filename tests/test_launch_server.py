@@ -157,9 +157,10 @@ def test_the_plugin_says_when_radixflow_is_active_and_with_which_policy():
     lines = [x for x in r.stderr.splitlines() if "RadixFlow active" in x]
     described = policy_spec("traversal").describe()
     assert "state-ready traversal" in described
-    settings = ("policy=traversal admission_ms=off theta=default park_margin=1 frag_cap=2 "
-                "trace=default boundaries=both chat_boundary=off drain_timeout=30.0 "
-                "round_overhead_ms=default sim_profile=box")
+    # NOTE: the plugin starts before SGLang reads the model: theta is its rule, not "default"
+    settings = ("policy=traversal admission_ms=off theta=max(G,64) park_margin=1 frag_cap=2 "
+                "trace=off boundaries=both chat_boundary=off drain_timeout=30.0 "
+                "round_overhead_ms=measured sim_profile=box")
     assert lines == [f"[radixflow] RadixFlow active (plugin): policy traversal: {described}; "
                      f"settings {settings}; request checks on"]
 
@@ -183,3 +184,30 @@ def test_launcher_help_lists_the_radixflow_flags_with_their_choices_and_sglangs(
     sglang = out.index("server arguments")
     assert ours < sglang and "--model-path MODEL_PATH" in out[sglang:]
     assert "--chunked-prefill-size" in out[sglang:]
+
+
+@pytest.mark.parametrize("model, page, theta, expected", [
+    ("qwen3.5-0.8b", None, None, 64), ("nemotron-9b", None, None, 128),
+    ("qwen3.5-0.8b", 128, None, 128), ("qwen3-8b", None, None, 64),
+    ("qwen3.5-0.8b", None, 100, 100),
+])
+def test_the_start_up_line_prints_the_theta_the_scheduler_resolves(model, page, theta,
+                                                                    expected):
+    """runtime.py resolves theta = max(G, 64) from the scheduler's cache (G: lcm of the model's
+    mamba chunk and the page; the page for full attention); the launcher's and the Engine's
+    start-up line print the same from the resolved server args (it printed theta=default)."""
+    from sglang.srt.server_args import ServerArgs
+
+    from radixflow_sglang.adapter.entry import resolved_theta
+    from radixflow_sglang.adapter.simulated import allow_extra_buffer_on_cpu
+    from radixflow_sglang.config import RadixFlowConfig
+    from radixflow_sglang.tokenizer import served_model_dir
+
+    allow_extra_buffer_on_cpu()
+    server_args = ServerArgs(model_path=str(served_model_dir(model)), load_format="dummy",
+                             device="cpu", context_length=8192, page_size=page)
+    server_args.resolve_once()
+    cfg = RadixFlowConfig(theta=theta)
+    assert resolved_theta(cfg, server_args) == expected
+    line = cfg.describe_settings({"theta": resolved_theta(cfg, server_args)})
+    assert f" theta={expected} " in line and "default" not in line

@@ -65,7 +65,10 @@ def test_the_readme_names_what_the_server_exposes(server):
         <= fields_named
     assert fields_named <= set(info), fields_named - set(info)
     metrics = set(re.findall(r"`(radixflow_[a-z_]+)(?:\{[a-z]+\})?`", README))
-    metrics -= {"radixflow_boundary", "radixflow_sglang"}  # the request field, the package
+    from radixflow_sglang.config import KWARG_NAMES
+
+    # NOTE: the request field, the package, radixflow_sglang.Engine's keywords and their rule
+    metrics -= {"radixflow_boundary", "radixflow_sglang", "radixflow_x_y", *KWARG_NAMES.values()}
     assert {"radixflow_quiet_scans_total", "radixflow_rounds_total"} <= metrics
     assert metrics <= set(metric_samples(server)), metrics - set(metric_samples(server))
 
@@ -102,3 +105,5 @@ def test_every_setting_in_force_is_in_the_start_up_line_and_server_info(server):
     [line] = [x for x in server.log.read_text().splitlines() if "RadixFlow active" in x]
     shown = dict(kv.split("=", 1) for kv in line.split("; settings ")[1].split(";")[0].split())
     assert sorted(shown) == sorted(names) and shown["chat_boundary"] == "on", line
+    # NOTE: resolved values, as /server_info shows them (the line printed theta=default)
+    assert shown["theta"] == str(settings["theta"]) and "default" not in shown.values(), line

@@ -120,6 +120,47 @@ def test_install_wraps_upstream_validation_idempotently() -> None:
         TokenizerManager._validate_one_request = before
 
 
+def _tokenizer_manager() -> Any:
+    """What our checks read off the TokenizerManager (they fail before upstream's own run)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model_config=SimpleNamespace(vocab_size=VOCAB))
+
+
+def test_top_logprobs_above_the_vocabulary_is_refused_naming_the_field_and_limit() -> None:
+    from radixflow_sglang.adapter import validate
+
+    validate.install()
+    [obj] = sub_requests(input_ids=[5, 6], return_logprob=True, top_logprobs_num=10**6)
+    with pytest.raises(ValueError) as e:
+        validate._validate_one_request(_tokenizer_manager(), obj, [5, 6])
+    assert str(e.value) == (f"top_logprobs_num: 1000000 is above the vocabulary size {VOCAB}; "
+                            f"allowed: an integer in [0, {VOCAB}]")
+    [edge] = sub_requests(input_ids=[5, 6], return_logprob=True, top_logprobs_num=VOCAB)
+    assert validate.top_logprobs_problem(edge, VOCAB) is None
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"input_ids": [[5, 6], [7, 8], [9, VOCAB]]},
+     rf"^batch item 2: request '\w+': token id {VOCAB} at position 1 "),
+    ({"text": ["Hello", ""]}, r"^batch item 1: request '\w+': the token input is empty"),
+    ({"input_ids": [[5, 6], [7, 8]], "return_logprob": True, "top_logprobs_num": [1, 10**6]},
+     r"^batch item 1: top_logprobs_num: 1000000 "),
+])
+def test_a_batch_items_check_failure_names_its_index(fields: dict, needle: str) -> None:
+    from radixflow_sglang.adapter import validate
+
+    validate.install()
+    items = sub_requests(**fields)
+    bad = items[-1]
+    ids = bad.input_ids if bad.input_ids is not None else []
+    with pytest.raises(ValueError, match=needle):
+        validate._validate_one_request(_tokenizer_manager(), bad, ids)
+    [single] = sub_requests(input_ids=[7, VOCAB])  # NOTE: not a batch: no index
+    with pytest.raises(ValueError, match=r"^request '.*': token id "):
+        validate._validate_one_request(_tokenizer_manager(), single, single.input_ids)
+
+
 # --- a real server per policy ----------------------------------------------------------------
 
 
@@ -164,6 +205,11 @@ BAD = [
                                             f"vocabulary [0, {VOCAB}) (vocabulary size {VOCAB})"),
     ("id = vocab", {"input_ids": [VOCAB, 5]}, f"token id {VOCAB} at position 0"),
     ("bad id in a batch", {"input_ids": [[5, 6], [7, VOCAB + 9]]}, f"token id {VOCAB + 9}"),
+    ("its index", {"input_ids": [[5, 6], [7, VOCAB + 9]]}, "batch item 1: request '"),
+    ("top-k above the vocabulary", {"input_ids": [5, 6], "return_logprob": True,
+                                    "top_logprobs_num": 10**6},
+     f"top_logprobs_num: 1000000 is above the vocabulary size {VOCAB}; allowed: an integer in "
+     f"[0, {VOCAB}]"),
 ]
 
 

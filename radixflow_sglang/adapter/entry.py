@@ -9,10 +9,11 @@ upstream `run_scheduler_process` (scheduler.py) looks up as a module global, the
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import check_sglang_version
 
@@ -27,6 +28,7 @@ _UPSTREAM_CLASS = _sched_mod.Scheduler
 _UPSTREAM_RUN = _sched_mod.run_scheduler_process
 logger = logging.getLogger(__name__)
 _announced = False
+MIN_THETA = 64  # NOTE: core/traversal.py TraversalConfig.default's floor, max(G, 64)
 
 
 def install(policy: str | None = None) -> type:
@@ -48,17 +50,19 @@ def run_scheduler_process(*args, **kwargs):
     return _UPSTREAM_RUN(*args, **kwargs)
 
 
-def activate(cfg: RadixFlowConfig, origin: str, executor: str | None = None) -> None:
-    """Every policy, in each process that loads RadixFlow (launcher: the launching one; plugin:
-    all): the request checks (validate.py; `executor` "simulated" adds its refusals), the
-    bounded SIGTERM drain (drain.py, the launching process), the scheduler class, one log
-    line."""
+def activate(cfg: RadixFlowConfig, origin: str, executor: str | None = None, *,
+             server_args: Any = None, drain: bool = True, every: bool = False) -> None:
+    """Every policy, in each process that loads RadixFlow (launcher and Engine: the launching
+    one; plugin: all): the request checks (validate.py; `executor` "simulated" adds its
+    refusals), the bounded SIGTERM drain (drain.py, the launching process, when `drain`: an
+    HTTP server's), the scheduler class, one log line (with what `server_args`, resolved,
+    resolves: theta; `every`: each call's, as each Engine of a process has its own)."""
     from radixflow_sglang.core.boundary import wants
 
     from .validate import install as install_checks
 
     install_checks(executor)
-    if multiprocessing.parent_process() is None:  # NOTE: where SGLang's HTTP server runs
+    if drain and multiprocessing.parent_process() is None:  # NOTE: where the HTTP server runs
         from .drain import install as install_drain
 
         install_drain(cfg.drain_timeout)
@@ -67,16 +71,35 @@ def activate(cfg: RadixFlowConfig, origin: str, executor: str | None = None) -> 
 
         install_chat()  # NOTE: chat requests declare their system message's end
     install(cfg.policy)
+    resolved = {} if server_args is None else {"theta": resolved_theta(cfg, server_args)}
     announce(f"RadixFlow active ({origin}): policy {cfg.policy}: {cfg.spec.describe()}; "
-             f"settings {cfg.describe_settings()}; request checks on")
+             f"settings {cfg.describe_settings(resolved)}; request checks on", every)
 
 
-def announce(msg: str) -> None:
+def resolved_theta(cfg: RadixFlowConfig, server_args: Any) -> int:
+    """The theta a scheduler of these (resolved) server args runs with, as runtime.py
+    `cache_grid` and core/traversal.py `TraversalConfig.default` resolve it: max(G, 64), G the
+    mamba checkpoint grid lcm(mamba_cache_chunk_size, page) (runtime_context.py
+    `mamba_checkpoint_grid`), or the page for full attention."""
+    if cfg.theta is not None:
+        return cfg.theta
+    from sglang.srt.arg_groups.model_override_base import model_config_of, resolved_view
+    from sglang.srt.arg_groups.overrides import mamba_cache_chunk_size
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+
+    page = resolved_view(server_args).page_size or 1
+    grid = page
+    if mambaish_config(model_config_of(server_args)) is not None:
+        grid = math.lcm(mamba_cache_chunk_size(server_args), page)
+    return max(grid, MIN_THETA)
+
+
+def announce(msg: str, every: bool = False) -> None:
     """One INFO line (the first caller's: the launcher's before the plugin's), in the launching
     process only (SGLang's spawned children run the plugin too); stderr when nothing would show
     it (`sglang serve` loads plugins before it configures logging)."""
     global _announced
-    if _announced or multiprocessing.parent_process() is not None:
+    if (_announced and not every) or multiprocessing.parent_process() is not None:
         return
     _announced = True
     if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():

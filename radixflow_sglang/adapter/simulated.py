@@ -87,8 +87,9 @@ def run_scheduler_process_simulated(*args, **kwargs):
     if not torch.cuda.is_available():
         torch.Tensor.pin_memory = lambda self, *a, **k: self
     # PATCH 4: managers/scheduler.py Scheduler.get_internal_state: /server_info carries the
-    # witness executor's counts (internal_states[i].witness) and the cost profile in force
-    # (internal_states[i].sim_cost), under every policy.
+    # witness executor's counts (internal_states[i].witness), the cost profile in force
+    # (.sim_cost), the forwards' token counts (.simulated) and SGLang's idle leak check,
+    # answered (.pools), under every policy.
     _UPSTREAM_SCHEDULER.get_internal_state = _with_witness(_UPSTREAM_SCHEDULER.get_internal_state)
     return _UPSTREAM_RUN(*args, **kwargs)
 
@@ -102,9 +103,31 @@ def _with_witness(upstream):
         cost = getattr(self.tp_worker, "cost", None)
         if isinstance(cost, CostModel):
             out.internal_state["sim_cost"] = cost.sim.as_dict()
+        out.internal_state["simulated"] = dict(self.tp_worker.counts)
+        out.internal_state["pools"] = pool_check(self)
         return out
 
     return get_internal_state
+
+
+def pool_check(sched) -> dict:
+    """SGLang's idle leak check, answered instead of raised: managers/scheduler.py `on_idle`
+    runs `_check_all_pools` and `_check_req_pool` (invariant_checker.py) once the loop is fully
+    idle; here the same checks, run when asked and the scheduler `is_fully_idle` (otherwise
+    running requests own slots and nothing is checked: idle False)."""
+    if not sched.is_fully_idle():
+        return {"idle": False, "leak": None, "messages": []}
+    if sched.enable_hisparse:  # NOTE: on_idle skips it too (its counters diverge by design)
+        return {"idle": True, "leak": None, "messages": ["not checked: hisparse"]}
+    checker = sched.invariant_checker
+    leak, messages = checker._check_all_pools(sched.pool_stats_observer.get_pool_stats())
+    pool = sched.req_to_token_pool
+    held = sched.pool_stats_observer.session_held_req_count()
+    free, total = len(pool.free_slots) + held, pool.size + pool.pre_alloc_size
+    if free != total:
+        leak = True
+        messages = [*messages, f"req_to_token_pool: {free} of {total} slots free"]
+    return {"idle": True, "leak": bool(leak), "messages": messages if leak else []}
 
 
 def _init_tp_model_worker(self) -> None:
@@ -191,6 +214,9 @@ class SimulatedWorker(TpModelWorker):
         self.cost = CostModel(server_args.model_path)
         self.vocab = self.model_config.vocab_size
         self.witness: Witness | None = None  # built on the first forward (the pools exist then)
+        # NOTE: what the forwards computed (internal_states[i].simulated): prefill tokens are
+        # every extend's new tokens, SGLang's n > 1 warm-up prefills included
+        self.counts = {"prefill_tokens": 0, "prefill_forwards": 0, "decode_forwards": 0}
 
     def _make_witness(self) -> Witness:
         mr = self._model_runner
@@ -210,6 +236,7 @@ class SimulatedWorker(TpModelWorker):
         t0 = time.perf_counter()
         reqs = batch.reqs
         tokens = int(batch.extend_num_tokens) if batch.forward_mode.is_extend() else len(reqs)
+        self._count(batch.forward_mode.is_extend(), tokens)
         # NOTE: the witness runs the deferred clear / copy-on-write, checks every state it is
         # handed against its prefix and picks a token from the state it computed (witness.py)
         witness = self.witness or self._make_witness()
@@ -227,6 +254,14 @@ class SimulatedWorker(TpModelWorker):
             time.sleep(left)
         setattr(result, SIM_ATTR, cost)  # NOTE: the forward's duration, for the round-cost fit
         return result
+
+
+    def _count(self, extend: bool, tokens: int) -> None:
+        if extend:
+            self.counts["prefill_tokens"] += tokens
+            self.counts["prefill_forwards"] += 1
+        else:
+            self.counts["decode_forwards"] += 1
 
 
 def build_pools(mr: _SimRunner) -> None:

@@ -1,6 +1,6 @@
 """Request checks SGLang 0.5.23 lacks, made where it validates requests: before the scheduler.
 
-PATCH (one): managers/tokenizer_manager.py `TokenizerManager._validate_one_request(obj,
+PATCH one: managers/tokenizer_manager.py `TokenizerManager._validate_one_request(obj,
 input_ids)` runs in the HTTP / tokenizer-manager process for every (sub-)request once its token
 input is known (single, batch and parallel-sampling paths, text or input_ids), and a ValueError
 there becomes HTTP 400 (entrypoints/http_server.py `serve_generate_request`; the OpenAI routes
@@ -11,11 +11,15 @@ map it the same way). Before upstream's own checks we reject
   assertion, taking every client down (upstream's own `input_ids cannot be empty` check in
   io_struct.py `_determine_batch_size` sees neither text "" nor an empty item of a batch);
 - a token id outside [0, vocab): a real model indexes its embedding with it;
+- a `top_logprobs_num` above the vocabulary size: SGLang builds k entries per position (10^6
+  gave a 32.5 MB answer after seconds for 4 tokens, under every executor);
 - a bad publication boundary `sampling_params.custom_params.radixflow_boundary` (not an
   integer in [0, input length]), or a `custom_params` that is not an object (adapter/boundary.py);
 - under the simulated executor, a feature it cannot produce (hidden states, LoRA, ...:
   `SIMULATED_LACKS`), naming the field and the executor.
 
+A failing item of a batch is named by its index (`batch item I: ...`; PATCH two:
+managers/io_struct.py `GenerateReqInput.__getitem__` tags each sub-request with its index).
 A session request (session_params with an id) may be empty here: the scheduler rebuilds its
 prompt from the session and rejects it itself if still empty (io_struct.py, same function).
 Installed in the launching process for every policy, stock included (launch_server.py), and by
@@ -32,6 +36,7 @@ from . import check_sglang_version
 
 check_sglang_version()
 
+from sglang.srt.managers.io_struct import GenerateReqInput  # noqa: E402
 from sglang.srt.managers.tokenizer_manager import TokenizerManager  # noqa: E402
 
 from .boundary import boundary_problem  # noqa: E402
@@ -110,14 +115,47 @@ def executor_problem(obj: Any, executor: str | None) -> str | None:
     return None
 
 
+def top_logprobs_problem(obj: Any, vocab_size: int) -> str | None:
+    """A top-k above the vocabulary: there are only `vocab_size` tokens to rank, and SGLang
+    would build k entries per position anyway (10^6 took 32.5 MB and seconds for 4 tokens)."""
+    k = getattr(obj, "top_logprobs_num", None)
+    if not isinstance(k, int) or isinstance(k, bool) or not vocab_size or k <= vocab_size:
+        return None
+    return (f"top_logprobs_num: {k} is above the vocabulary size {vocab_size}; allowed: an "
+            f"integer in [0, {vocab_size}]")
+
+
 def _validate_one_request(self: TokenizerManager, obj: Any, input_ids: list[int]) -> None:
-    check_token_input(obj, input_ids, self.model_config.vocab_size)
-    problem = boundary_problem(obj, input_ids)  # NOTE: the boundary field (adapter/boundary.py)
-    if problem is None:
-        problem = executor_problem(obj, _executor)
-    if problem is not None:
-        raise ValueError(problem)
-    _UPSTREAM_VALIDATE(self, obj, input_ids)
+    try:
+        check_token_input(obj, input_ids, self.model_config.vocab_size)
+        problem = boundary_problem(obj, input_ids)  # NOTE: the field (adapter/boundary.py)
+        if problem is None:
+            problem = top_logprobs_problem(obj, self.model_config.vocab_size)
+        if problem is None:
+            problem = executor_problem(obj, _executor)
+        if problem is not None:
+            raise ValueError(problem)
+        _UPSTREAM_VALIDATE(self, obj, input_ids)
+    except ValueError as e:
+        index = getattr(obj, BATCH_INDEX, None)
+        if index is None:
+            raise
+        # NOTE: one bad item fails the whole batch; the client must learn which one
+        raise ValueError(f"batch item {index}: {e}") from None
+
+
+BATCH_INDEX = "_radixflow_batch_index"
+_UPSTREAM_GETITEM = GenerateReqInput.__getitem__
+
+
+def _getitem(self: GenerateReqInput, i: int) -> GenerateReqInput:
+    """PATCH: managers/io_struct.py `GenerateReqInput.__getitem__` builds the i-th sub-request
+    of a batch, which forgets its index; tagged here (batches of two or more) so that a check
+    failure can name the item."""
+    sub = _UPSTREAM_GETITEM(self, i)
+    if getattr(self, "batch_size", 1) > 1:
+        setattr(sub, BATCH_INDEX, i)
+    return sub
 
 
 def install(executor: str | None = None) -> None:
@@ -127,7 +165,9 @@ def install(executor: str | None = None) -> None:
     if executor is not None:  # NOTE: the plugin's later install keeps the launcher's executor
         _executor = executor
     TokenizerManager._validate_one_request = _validate_one_request
+    GenerateReqInput.__getitem__ = _getitem
 
 
 def installed() -> bool:
-    return TokenizerManager._validate_one_request is _validate_one_request
+    return (TokenizerManager._validate_one_request is _validate_one_request
+            and GenerateReqInput.__getitem__ is _getitem)
