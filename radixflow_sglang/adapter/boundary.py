@@ -68,15 +68,20 @@ PARAMS_PATH = "sampling_params.custom_params"
 FIELD_PATH = f"{PARAMS_PATH}.{FIELD}"
 
 
-def declared_boundary(req: Req) -> int | None:
-    """The request's declared boundary (tokens from the start), or None."""
+def declared_boundary(req: Req, native_branch: bool = False) -> int | None:
+    """The request's declared boundary (tokens from the start), or None. A prefix warm-up's
+    implicit one (`max_new_tokens` 0) yields to SGLang's own branching checkpoint
+    (`native_branch`: the match carries the depth where this prompt leaves a cached one):
+    extra_buffer tracks one state per extend, and moved to the warm-up's end it left every
+    later prompt on the same system prompt to recompute it (n = 8 rollouts on a 1,000-token
+    system prompt: 2.1x stock's prefill tokens; tests/test_engine.py)."""
     sp = req.sampling_params
     params = getattr(sp, "custom_params", None)
     if isinstance(params, dict):
         b = params.get(FIELD)
         if isinstance(b, int) and not isinstance(b, bool) and b > 0:
             return b
-    if getattr(sp, "max_new_tokens", None) == 0:
+    if getattr(sp, "max_new_tokens", None) == 0 and not native_branch:
         # NOTE: a frontend fork's prefix / n>1 warm-up; its identical copies match at most
         # len - 1 tokens (SGLang keeps one token to compute), so the state must lie below len
         return len(req.origin_input_ids) - 1 or None
@@ -262,7 +267,7 @@ class BoundaryPublisher:
         fork cut would serve more than at the fork, for `fork_mark` (docs/design.md, "A cut the
         traversal makes anyway")."""
         if (self.grid.layout is not Layout.NO_BUFFER or self.markers is None or native_branch
-                or (self.declared and declared_boundary(req) is not None)):
+                or (self.declared and declared_boundary(req, native_branch) is not None)):
             return
         native = self.grid.planned_depth(prefix, extend, None)
         d = self._marker_target(req, ns, prefix, extend, native, pieces=True)
@@ -311,7 +316,7 @@ class BoundaryPublisher:
         boundary.py `place_rule`: declared, else learned: a marker first, since it finds this
         request's own document end, where a depth learned from other paths is only right when
         their documents are as long)."""
-        b = declared_boundary(req) if self.declared else None
+        b = declared_boundary(req, native_branch) if self.declared else None
         native = (self.grid.planned_depth(prefix, extend, None)
                   if self.learner is not None and not native_branch else None)
 
