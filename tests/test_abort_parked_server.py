@@ -14,14 +14,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import urllib.error
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from radixflow_sglang.testing.gate import GateControl
-from radixflow_sglang.testing.server import Server, free_port, request_json
+from radixflow_sglang.testing.server import Server, free_port, post_in_thread, request_json
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -53,18 +52,7 @@ def _info(s) -> dict:
 def _send(s, rid: str, ids: list[int], out: int, results: dict) -> threading.Thread:
     body = {"rid": rid, "input_ids": ids,
             "sampling_params": {"max_new_tokens": out, "ignore_eos": True}}
-
-    def go():
-        try:
-            results[rid] = request_json(s.base + "/generate", body, timeout=300)[1]
-        except urllib.error.HTTPError as e:  # an aborted request may answer with an error
-            results[rid] = {"error": e.code}
-        except Exception as e:  # NOTE: recorded, so the test fails on it instead of hanging
-            results[rid] = {"error": repr(e)}
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t
+    return post_in_thread(s.base + "/generate", body, results, rid)
 
 
 def _wave(s, w: int, results: dict) -> list[str]:

@@ -344,7 +344,7 @@ REQUEUE = '''\
 # The Scheduler methods RadixFlowScheduler replaces (anything else is SGLang's own).
 OVERRIDDEN = {"_get_new_batch_prefill_raw", "get_internal_state", "get_new_batch_prefill",
               "run_batch", "process_batch_result", "_add_request_to_queue",
-              "get_next_batch_to_run"}
+              "get_next_batch_to_run", "_release_aborted_request"}
 
 
 def _drop_hooks(body: list, marked: set[int], errors: list[str]) -> list:

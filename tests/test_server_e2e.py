@@ -23,7 +23,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 from radixflow_sglang.testing.gate import GateControl  # noqa: E402
-from radixflow_sglang.testing.server import Server, free_port, request_json  # noqa: E402
+from radixflow_sglang.testing.server import (  # noqa: E402
+    Server,
+    free_port,
+    post_in_thread,
+    request_json,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -63,17 +68,9 @@ def _generate(base, ids, rid=None):
 
 
 def _start(base, rid, ids, results) -> threading.Thread:
-    def send():
-        try:
-            results[rid] = _generate(base, ids, rid=rid)
-        except urllib.error.HTTPError as e:  # an aborted request may answer with an error
-            results[rid] = {"error": e.code}
-        except Exception as e:  # NOTE: recorded, so the test fails on it instead of hanging
-            results[rid] = {"error": repr(e)}
-
-    t = threading.Thread(target=send, daemon=True)
-    t.start()
-    return t
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True},
+            "rid": rid}
+    return post_in_thread(base + "/generate", body, results, rid)
 
 
 def _hold_then_queue(s, tag: str, requests: dict[str, list[int]], results: dict) -> tuple:

@@ -80,7 +80,7 @@ def test_four_branches_on_a_shared_document(server):
 
     text = log.read_text()
     cls = "Scheduler" if policy == "stock" else "RadixFlowScheduler"
-    assert f"simulated model worker, scheduler class {cls}\n" in text
+    assert f"simulated model worker, scheduler class {cls}, " in text
     trace = log.parent / "trace.jsonl"
     if policy == "radixflow":  # our scan ran inside SGLang's own event loop
         rounds = [json.loads(x) for x in trace.read_text().splitlines()]

@@ -10,7 +10,7 @@ wait for `verdict` (core/traversal.py `WaitFacts`).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixflow_sglang.core.cost import RoundView
 from radixflow_sglang.core.outcome import Blocking
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
 
-    from .runtime import RadixFlowRuntime
+    # NOTE: not imported (runtime.py imports this module): `rt` is adapter/runtime.py's
+    # RadixFlowRuntime
 
 # NOTE: native outcomes after the traversal looked at the request: a parked one is rechecked
 RELEASES = frozenset({Reason.NO_PRODUCER, Reason.NO_SHARER, Reason.NOT_BLOCKED,
@@ -40,7 +41,7 @@ VERDICTS = frozenset({Reason.COMMITTED_WAIT, Reason.BOUND_WOULD_CUT, Reason.GROU
 class VisitFacts:
     """core/points.py `VisitFacts` for `req` in this scan of `rt`."""
 
-    def __init__(self, rt: RadixFlowRuntime, sched: Scheduler, req: Req,
+    def __init__(self, rt: Any, sched: Scheduler, req: Req,
                  adder: PrefillAdder) -> None:
         self.rt, self.sched, self.req, self.adder = rt, sched, req, adder
         self.t = rt.traversal
@@ -202,7 +203,7 @@ class DeferFacts:
     `newcomer` and `slot_wait` book their deferral when they hold (the rule that reads them
     fires then)."""
 
-    def __init__(self, rt: RadixFlowRuntime, sched: Scheduler, req: Req,
+    def __init__(self, rt: Any, sched: Scheduler, req: Req,
                  adder: PrefillAdder) -> None:
         self.rt, self.sched, self.req, self.adder = rt, sched, req, adder
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -217,3 +218,21 @@ def request_json(url: str, body: dict | None = None, timeout: float = 60.0) -> t
     with urllib.request.urlopen(req, timeout=timeout) as r:
         raw = r.read()
         return r.status, json.loads(raw) if raw else None
+
+
+def post_in_thread(url: str, body: dict, results: dict, key: str,
+                   timeout: float = 300.0) -> threading.Thread:
+    """POST `body` on a daemon thread (started); `results[key]` gets the JSON answer, or
+    {"error": status} for an HTTP error (an aborted request may answer with one), or
+    {"error": repr} for anything else (recorded, so the test fails on it instead of hanging)."""
+    def send() -> None:
+        try:
+            results[key] = request_json(url, body, timeout=timeout)[1]
+        except urllib.error.HTTPError as e:
+            results[key] = {"error": e.code}
+        except Exception as e:  # noqa: BLE001  NOTE: see the docstring
+            results[key] = {"error": repr(e)}
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    return t
