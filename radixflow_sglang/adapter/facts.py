@@ -46,12 +46,20 @@ class VisitFacts:
         self.rt, self.sched, self.req, self.adder = rt, sched, req, adder
         self.t = rt.traversal
         self.cost_aware = rt.spec.cost_aware
-        self.tokens, self.ns = req_tokens(req), namespace(req)
         self.sibs: dict[int, int] = {}  # sibling counts by group depth (both pricings)
         self.c0: Candidate | None = None  # the candidate with nothing ready
         self.cand: Candidate | None = None  # the probed candidate
         self.b: Blocking | None = None  # what blocks it after the probe
         self.view: RoundView | None = None  # the view its group's wait was priced with
+
+    # NOTE: read only past the scan-wide rules (a held or quiet visit never builds them)
+    @cached_property
+    def tokens(self):
+        return req_tokens(self.req)
+
+    @cached_property
+    def ns(self) -> tuple:
+        return namespace(self.req)
 
     # --- the facts, in the order `visit` asks them --------------------------------------------
     @property
@@ -179,8 +187,6 @@ class VisitFacts:
         where the verdict took it), the trace's `decide` event, and a wait's parked tokens
         in the scan's view (a spent bound's too, as before its bound was checked)."""
         rt, t = self.rt, self.t
-        if why is Reason.BOUND_SPENT:  # NOTE: it vetoed a park: by a committed wait, or a win
-            why = Reason.COMMITTED_WAIT if self.wait._verdict is None else Reason.WAIT_WINS
         verdict = self.wait.outcome(why)
         self.b = b = t.placed(self.cand, self.b)
         if rt._trace is not None:

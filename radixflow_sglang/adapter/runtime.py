@@ -783,7 +783,8 @@ class RadixFlowRuntime:
 
     def _prune(self, sched: Scheduler) -> None:
         """Drop the records of requests that left the queue without the runtime seeing them go
-        (aborts, and the wait history of selected requests: a server has no completion hook)."""
+        (no hook saw them: SGLang's aborts call `forget`, selection `_selected`); a sweep behind
+        those, run when the records outgrow the queue."""
         live = {r.rid for r in sched.waiting_queue}
         waits = self.traversal.waits.total_rounds if self.traversal is not None else {}
         for rid in [rid for rid in (*self.requests, *waits) if rid not in live]:

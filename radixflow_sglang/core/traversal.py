@@ -354,7 +354,10 @@ class WaitFacts:
         return self._verdict
 
     def outcome(self, why: Reason) -> Verdict:
-        """The verdict `why` gave (the trace's `decide` event; `Traversal.decide`)."""
+        """The verdict `why` gave (the trace's `decide` event; `Traversal.decide`). A spent
+        bound vetoed a park: a committed wait's, or the group verdict's when it was read."""
+        if why is Reason.BOUND_SPENT:
+            why = Reason.COMMITTED_WAIT if self._verdict is None else Reason.WAIT_WINS
         if why in (Reason.COMMITTED_WAIT, Reason.BOUND_WOULD_CUT):
             return Verdict(why is Reason.COMMITTED_WAIT, 0.0, 0.0, reason=why)
         if why is Reason.GROUP_UNPROBED:
