@@ -155,13 +155,20 @@ def run_cell(cell: Cell, policies: Sequence[str], rules: Sequence[str], question
         t0 = time.perf_counter()
         base = arm(policy, ())
         arms = {rule: (outcome(arm(policy, (rule,)))
-                       if rule in ALWAYS_RUN or base.reasons.get(rule) else {"skipped": True})
+                       if rule in ALWAYS_RUN or fired(base.reasons, rule) else {"skipped": True})
                 for rule in rules}
         out.append({"cell": cell.name, "kind": cell.kind, "policy": policy,
                     "baseline": outcome(base), "decisions": base.reasons, "arms": arms,
                     "wall_s": round(time.perf_counter() - t0, 1)})
         print(f"{cell.name} {policy}: {out[-1]['wall_s']} s", file=sys.stderr, flush=True)
     return out
+
+
+def fired(decisions: dict[str, int], rule: str) -> int:
+    """A rule's decisions in a run: by its own reason and its cases' (core/reasons.py)."""
+    from radixflow_sglang.core.reasons import RULES, Reason
+
+    return sum(decisions.get(why.value, 0) for why in RULES[Reason(rule)].reasons)
 
 
 def changed(base: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any] | None:
@@ -180,14 +187,14 @@ def verdicts(results: Sequence[dict[str, Any]], rules: Sequence[str]) -> dict[st
     """Per rule: decisions in the baselines, the (cell, policy) runs it changed, and how."""
     out = {}
     for rule in rules:
-        fired, runs, failed = 0, [], 0
+        n, runs, failed = 0, [], 0
         for r in results:
-            fired += r["decisions"].get(rule, 0)
+            n += fired(r["decisions"], rule)
             d = changed(r["baseline"], r["arms"][rule])
             if d is not None:
                 runs.append({"cell": r["cell"], "policy": r["policy"], "changed": d})
                 failed += "failed" in d
-        out[rule] = {"decisions": fired, "changed_runs": len(runs), "failed_runs": failed,
+        out[rule] = {"decisions": n, "changed_runs": len(runs), "failed_runs": failed,
                      "runs": runs, "changes_nothing": not runs}
     return out
 

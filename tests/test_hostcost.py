@@ -95,7 +95,7 @@ def test_the_kit_reports_what_the_scan_visited(make_kit) -> None:
 
     k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow", tokens=2048)
     k.submit(*[k.req(f"q{i}", list(range(10_000 * i + 1, 10_000 * i + 1001))) for i in range(20)])
-    with ablating(["unshared_scan"]):
+    with ablating(["quiet_scan"]):
         k.step()
     scan = k.last_scan
     assert scan.queued == 20

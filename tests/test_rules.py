@@ -22,6 +22,7 @@ from radixflow_sglang.core.reasons import (
     ABLATABLE,
     ABLATE_ENV,
     RULEBOOK,
+    RULES,
     Action,
     Reason,
     ablating,
@@ -38,6 +39,26 @@ G = 64
 def test_every_rule_has_its_test():
     names = {n for n in globals() if n.startswith("test_rule_")}
     assert names == {f"test_rule_{r.reason.value}" for r in RULEBOOK}
+    cases = {n for n in globals() if n.startswith("test_case_")}
+    assert cases == {f"test_case_{c.value}" for r in RULEBOOK for c in r.cases}
+
+
+def rule_of(reason: Reason) -> Reason:
+    """The rule a reason decides for: itself, or the rule it is a case of (ablated together)."""
+    return RULES[reason].reason
+
+
+def test_a_case_is_ablated_with_its_rule():
+    for rule in RULEBOOK:
+        for case in rule.cases:
+            with pytest.raises(ValueError, match=f"a case of rule '{rule.reason.value}'"):
+                parse_ablate(case.value)
+            if not (rule.guard or rule.default):
+                from radixflow_sglang.core.reasons import enabled
+
+                with ablating([rule.reason]):
+                    assert not enabled(case)
+                assert enabled(case)
 
 
 def test_ablate_names_are_checked():
@@ -71,19 +92,26 @@ def hold(reason: Reason, d: Demand, now: float = 0.0, cost_aware: bool = False) 
     gate = Gate("flex", 5.0, cost_aware=cost_aware)
     got = gate.decide(d, now)
     assert (got.hold, got.reason) == (False, reason)
-    with ablating([reason]):
+    with ablating([rule_of(reason)]):
         assert gate.decide(d, now).hold
 
 
-def test_rule_rows():
+def test_rule_early():
+    """The paper's early release, by its three cases (below); timers release only on rows."""
+    timer = Gate("timer", 5.0)
+    assert timer.decide(demand(held=8), 0.0).reason is R.ROWS
+    assert timer.decide(demand(busy=True, residual_tokens=8192), 0.0).hold
+
+
+def test_case_rows():
     hold(R.ROWS, demand(held=8))
 
 
-def test_rule_busy():
+def test_case_busy():
     hold(R.BUSY, demand(busy=True))
 
 
-def test_rule_tokens():
+def test_case_tokens():
     hold(R.TOKENS, demand(residual_tokens=8192))
 
 
@@ -163,7 +191,7 @@ def no() -> bool:
 def publish(reason: Reason, args: tuple, ablated: Reason) -> None:
     """`reason` decides `publish_rule(*args)`; ablated, `ablated` does."""
     assert publish_rule(*args) is reason
-    with ablating([reason]):
+    with ablating([rule_of(reason)]):
         assert publish_rule(*args) is ablated
 
 
@@ -177,7 +205,7 @@ def test_rule_outside():
         parse_ablate(R.OUTSIDE.value)
 
 
-def test_rule_keep_unpaid():
+def test_case_keep_unpaid():
     # NOTE: a learned keep that does not pay; without the rule the cut is made
     publish(R.KEEP_UNPAID, (64, EB, True, yes, no, True, no), R.KEEP_END)
 
@@ -376,9 +404,9 @@ def decides(reason: Reason, scenario: Scenario, *, guard: bool = False, policy="
     assert counts.get(reason.value, 0) > 0, counts
     if guard:
         with pytest.raises(ValueError, match="a guard"):
-            parse_ablate(reason.value)
+            parse_ablate(rule_of(reason).value)
         return
-    assert run(scenario, policy, [reason], **cfg)[1] != schedule
+    assert run(scenario, policy, [rule_of(reason)], **cfg)[1] != schedule
 
 
 def test_rule_held():
@@ -424,7 +452,7 @@ def unrelated(k) -> None:
     k.submit(*[k.req(f"u{i}", toks(10_000 * (i + 1), 3000)) for i in range(4)])
 
 
-def test_rule_unshared_scan():
+def test_case_unshared_scan():
     decides(R.UNSHARED_SCAN, unrelated)
 
 
@@ -439,7 +467,7 @@ def system_prompted(k) -> None:
     k.submit(*[k.req(f"u{i}", system + toks(10_000 * (i + 1), 3000)) for i in range(4)])
 
 
-def test_rule_covered_scan():
+def test_case_covered_scan():
     decides(R.COVERED_SCAN, system_prompted)
 
 
@@ -452,12 +480,12 @@ def test_rule_session():
     decides(R.SESSION, sessions)
 
 
-def test_rule_no_producer():
-    decides(R.NO_PRODUCER, pair)
+def test_case_no_producer():
+    decides(R.NO_PRODUCER, pair, guard=True)
 
 
-def test_rule_no_sharer():
-    decides(R.NO_SHARER, long_doc)
+def test_case_no_sharer():
+    decides(R.NO_SHARER, long_doc, guard=True)
 
 
 def test_rule_not_blocked():
@@ -539,7 +567,7 @@ def test_rule_native_cut():
     decides(R.NATIVE_CUT, fork, tokens=1024)
 
 
-def test_rule_frag_cap():
+def test_case_frag_cap():
     from radixflow_sglang.config import RadixFlowConfig
 
     def fragment_twice(k) -> None:

@@ -70,17 +70,17 @@ class Gate:
         # NOTE: asked only with requests held (`d.held` >= 1: the adapter decides nothing for
         # an empty hold); `enabled`: an ablated rule (core/reasons.py) lets the next one decide
         # NOTE: rank-identical rules first; only cost and deadline read this rank's clock.
-        if enabled(Reason.ROWS) and d.free_rows > 0 and d.held >= d.free_rows:
-            return Decision(False, Reason.ROWS)
-        if self.mode == "flex":
-            if d.busy and enabled(Reason.BUSY):
+        flex = self.mode == "flex"
+        if enabled(Reason.EARLY):  # NOTE: the paper's early release; the reason names its case
+            if d.free_rows > 0 and d.held >= d.free_rows:
+                return Decision(False, Reason.ROWS)
+            if flex and d.busy:
                 return Decision(False, Reason.BUSY)
-            if d.residual_tokens >= d.token_budget and enabled(Reason.TOKENS):
+            if flex and d.residual_tokens >= d.token_budget:
                 return Decision(False, Reason.TOKENS)
-            if self.cost_aware and enabled(Reason.COST) and (
-                    d.cost is None
-                    or hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0):
-                return Decision(False, Reason.COST)
+        if self.cost_aware and enabled(Reason.COST) and (
+                d.cost is None or hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0):
+            return Decision(False, Reason.COST)
         if now - d.oldest_arrival >= self.deadline_s and enabled(Reason.DEADLINE):
             return Decision(False, Reason.DEADLINE)
         return Decision(True, Reason.HOLD)

@@ -672,20 +672,21 @@ def publish_rule(depth: int | None, layout: Layout, can_cut: bool, keep: Callabl
     Asked lazily, in order."""
     if depth is None:
         return Reason.OUTSIDE
-    if layout is Layout.EXTRA_BUFFER:
-        if can_cut and keep():
-            # NOTE: the lost tail costs more than a round; a guessed state that saves less
-            # than its round pays for neither the cut nor the move: SGLang's own end state
-            if learned and enabled(Reason.KEEP_UNPAID) and not pays():
-                return Reason.KEEP_UNPAID
-            if enabled(Reason.KEEP_END):
-                return Reason.KEEP_END
-        if enabled(Reason.MOVE):
-            return Reason.MOVE
-    if not can_cut and enabled(Reason.SLOT_TAKEN):
-        return Reason.SLOT_TAKEN
-    if enabled(Reason.CUT_UNUSED) and unused():
-        return Reason.CUT_UNUSED
-    if learned and enabled(Reason.CUT_UNPAID) and not pays():
-        return Reason.CUT_UNPAID
+    eb = layout is Layout.EXTRA_BUFFER
+    # NOTE: no_buffer's slot rules; extra_buffer reads them only with `move` ablated (it then
+    # publishes only where it can cut)
+    if not eb or not enabled(Reason.MOVE):
+        if not can_cut and enabled(Reason.SLOT_TAKEN):
+            return Reason.SLOT_TAKEN
+        if enabled(Reason.CUT_UNUSED) and unused():
+            return Reason.CUT_UNUSED
+    keeps = eb and can_cut and keep()  # NOTE: extra_buffer's keep: the lost tail costs more
+    # NOTE: a guessed state that saves less than its round pays for neither the cut nor the
+    # move (extra_buffer: SGLang's own end state)
+    if learned and (keeps or not eb) and enabled(Reason.CUT_UNPAID) and not pays():
+        return Reason.KEEP_UNPAID if eb else Reason.CUT_UNPAID
+    if keeps and enabled(Reason.KEEP_END):
+        return Reason.KEEP_END
+    if eb and enabled(Reason.MOVE):
+        return Reason.MOVE
     return Reason.CUT

@@ -50,14 +50,16 @@ def visit(f: VisitFacts) -> tuple[Action, Reason]:
     if not f.traversal:  # NOTE: a guard: no traversal, no producer to ask
         return Action.NATIVE, Reason.NO_TRAVERSAL
     if f.quiet in (Reason.QUIET_SCAN, Reason.UNSHARED_SCAN, Reason.COVERED_SCAN):
-        return Action.NATIVE, f.quiet  # NOTE: settled once per scan (`begin_scan`)
+        return Action.NATIVE, f.quiet  # NOTE: settled once per scan (`begin_scan`), by case
     if enabled(Reason.SESSION) and f.session:
         return Action.NATIVE, Reason.SESSION
-    if enabled(Reason.NO_PRODUCER) and not f.producers:
+    # NOTE: the guard `not_blocked`: its fast paths first (no producer, none sharing a block),
+    # then with nothing ready (a larger ready prefix only shrinks the gain), after the probe
+    if not f.producers:
         return Action.NATIVE, Reason.NO_PRODUCER
-    if enabled(Reason.NO_SHARER) and not f.sharers:
+    if not f.sharers:
         return Action.NATIVE, Reason.NO_SHARER
-    if not f.blocked_unready:  # NOTE: a guard: a larger ready prefix only shrinks the gain
+    if not f.blocked_unready:
         return Action.NATIVE, Reason.NOT_BLOCKED
     if enabled(Reason.RECOMPUTE_UNPROBED) and f.recomputes_unprobed:
         return Action.NATIVE, Reason.RECOMPUTE_UNPROBED
@@ -118,7 +120,7 @@ def defer(f: DeferFacts) -> tuple[Action, Reason]:
         return Action.DEFER, Reason.FORK_SLOT
     if enabled(Reason.NATIVE_CUT) and not f.fragment:
         return Action.ADMIT, Reason.NATIVE_CUT
-    if enabled(Reason.FRAG_CAP) and f.frag_spent:
+    if enabled(Reason.NATIVE_CUT) and f.frag_spent:  # NOTE: its case: +Frag's bound
         return Action.ADMIT, Reason.FRAG_CAP
     if enabled(Reason.FRAGMENT):
         return Action.DEFER, Reason.FRAGMENT

@@ -45,6 +45,7 @@ class Reason(StrEnum):
     """Why a decision went the way it did. A str: traces and JSON carry the value."""
 
     # --- HOLD (core/admission.py Gate.decide), checked in this order ---------------------------
+    EARLY = "early"  # the paper's early release, by one of its three cases:
     ROWS = "rows"  # held requests fill the rows the round can take: release
     BUSY = "busy"  # work is running: release (flex)
     TOKENS = "tokens"  # held token demand fills the round's budget: release (flex)
@@ -132,15 +133,25 @@ class Rule:
     # keeps a later rule from reading a fact it cannot have (its absence would crash, cut at no
     # depth or starve): never ablated
     guard: bool = False
+    # NOTE: the other reasons this one rule decides with, each naming which of its conditions
+    # held (the paper's three early releases) or which fast path settled it (a cheaper check of
+    # the same fact, asked first): one row, one ablation switch, the trace says which case
+    cases: tuple[Reason, ...] = ()
+
+    @property
+    def reasons(self) -> tuple[Reason, ...]:
+        """Every reason its decisions carry: its own, then its cases."""
+        return (self.reason, *self.cases)
 
 
 HOLD, ORDER, VISIT, DEFER, PLACE, PUBLISH = "hold", "order", "visit", "defer", "place", "publish"
 POINTS = (HOLD, ORDER, VISIT, DEFER, PLACE, PUBLISH)
 
 RULEBOOK: tuple[Rule, ...] = (
-    Rule(HOLD, Reason.ROWS, Action.RELEASE, "held requests fill the free rows"),
-    Rule(HOLD, Reason.BUSY, Action.RELEASE, "flex: work is running or in flight"),
-    Rule(HOLD, Reason.TOKENS, Action.RELEASE, "flex: held token demand fills the token budget"),
+    Rule(HOLD, Reason.EARLY, Action.RELEASE,
+         "release early: held requests fill the free rows (`rows`), or, flex only, work is "
+         "running or in flight (`busy`) or held token demand fills the token budget (`tokens`)",
+         cases=(Reason.ROWS, Reason.BUSY, Reason.TOKENS)),
     Rule(HOLD, Reason.COST, Action.RELEASE, "cost-aware flex: holding cannot win (hold_gain <= 0)"),
     Rule(HOLD, Reason.DEADLINE, Action.RELEASE, "the oldest held request reached the deadline"),
     Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold", default=True),
@@ -152,20 +163,18 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(VISIT, Reason.HELD, Action.HOLD, "the admission hold has not released it"),
     Rule(VISIT, Reason.NO_TRAVERSAL, Action.NATIVE, "the policy has no traversal (or no reuse)",
          guard=True),
-    Rule(VISIT, Reason.QUIET_SCAN, Action.NATIVE, "a quiet scan: no candidate can wait"),
-    Rule(VISIT, Reason.UNSHARED_SCAN, Action.NATIVE,
-         "a quiet scan: no queued request shares its first block with another or with a live "
-         "producer, and none has waited (nothing can be Blocked)"),
-    Rule(VISIT, Reason.COVERED_SCAN, Action.NATIVE,
-         "a quiet scan: every prefix a queued request shares with another or with a live "
-         "producer is ready for it within theta already, and none has waited (nothing can "
-         "be Blocked)"),
+    Rule(VISIT, Reason.QUIET_SCAN, Action.NATIVE,
+         "a quiet scan, settled once per scan: no candidate can wait; fast paths, when none "
+         "has waited (nothing can be Blocked): no queued request shares its first block with "
+         "another or with a live producer (`unshared_scan`), or every prefix one shares is "
+         "ready for it within theta already (`covered_scan`)",
+         cases=(Reason.UNSHARED_SCAN, Reason.COVERED_SCAN)),
     Rule(VISIT, Reason.SESSION, Action.NATIVE, "a session request"),
-    Rule(VISIT, Reason.NO_PRODUCER, Action.NATIVE, "no live producer is indexed"),
-    Rule(VISIT, Reason.NO_SHARER, Action.NATIVE, "no live producer shares a block with it"),
     Rule(VISIT, Reason.NOT_BLOCKED, Action.NATIVE,
          "not Blocked: no producer publishes >= theta past its ready prefix within reach "
-         "(checked with nothing ready, then after the probe match)", guard=True),
+         "(checked with nothing ready, then after the probe match); fast paths: no live "
+         "producer is indexed (`no_producer`), none shares a block with it (`no_sharer`)",
+         guard=True, cases=(Reason.NO_PRODUCER, Reason.NO_SHARER)),
     Rule(VISIT, Reason.RECOMPUTE_UNPROBED, Action.NATIVE,
          "cost-aware: recomputing wins at every ready prefix it could have (no probe)"),
     Rule(VISIT, Reason.ALWAYS_WAIT, Action.PARK, "always-wait rule: Blocked parks",
@@ -193,8 +202,9 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(DEFER, Reason.FITS, Action.ADMIT, "it fits the residual chunk budget whole", guard=True),
     Rule(DEFER, Reason.FORK_SLOT, Action.DEFER,
          "a fork-cut producer holds SGLang's one chunk slot"),
-    Rule(DEFER, Reason.NATIVE_CUT, Action.ADMIT, "the cut is no fragment, or no fragment guard"),
-    Rule(DEFER, Reason.FRAG_CAP, Action.ADMIT, "+Frag: its fragment deferrals are spent"),
+    Rule(DEFER, Reason.NATIVE_CUT, Action.ADMIT,
+         "the cut is no fragment, or no fragment guard, or (+Frag) its fragment deferrals are "
+         "spent (`frag_cap`)", cases=(Reason.FRAG_CAP,)),
     Rule(DEFER, Reason.FRAGMENT, Action.DEFER,
          "+Frag: the cut would leave a fragment shorter than G (publishes no state)"),
     Rule(PLACE, Reason.DECLARED, Action.TARGET,
@@ -213,24 +223,23 @@ RULEBOOK: tuple[Rule, ...] = (
          default=True),
     Rule(PUBLISH, Reason.OUTSIDE, Action.NATIVE,
          "the boundary's grid floor is not inside this extend", guard=True),
-    Rule(PUBLISH, Reason.KEEP_UNPAID, Action.NATIVE,
-         "extra_buffer, not declared: the slot is free and the lost tail costs more than a "
-         "round, but the cut does not pay for its round (cut must pay, tail guard)"),
-    Rule(PUBLISH, Reason.KEEP_END, Action.CUT,
-         "extra_buffer: the slot is free and the lost tail costs more than a round: cut"),
-    Rule(PUBLISH, Reason.MOVE, Action.MOVE, "extra_buffer: move the one tracked state"),
     Rule(PUBLISH, Reason.SLOT_TAKEN, Action.NATIVE,
          "no_buffer: SGLang's one chunk slot is taken, or chunked prefill is off"),
     Rule(PUBLISH, Reason.CUT_UNUSED, Action.NATIVE,
          "no_buffer: nobody is expected to use it while a queued group wants the slot"),
     Rule(PUBLISH, Reason.CUT_UNPAID, Action.NATIVE,
-         "no_buffer, not declared: the cut does not pay for its round (cut must pay, tail guard)"),
+         "not declared: the cut does not pay for its round (cut must pay, tail guard); "
+         "extra_buffer's cut to keep the end state too (`keep_unpaid`): SGLang's own depth",
+         cases=(Reason.KEEP_UNPAID,)),
+    Rule(PUBLISH, Reason.KEEP_END, Action.CUT,
+         "extra_buffer: the slot is free and the lost tail costs more than a round: cut"),
+    Rule(PUBLISH, Reason.MOVE, Action.MOVE, "extra_buffer: move the one tracked state"),
     Rule(PUBLISH, Reason.CUT, Action.CUT, "otherwise: cut the extend at the boundary",
          default=True),
 )
 
 
-RULES: dict[Reason, Rule] = {r.reason: r for r in RULEBOOK}  # each reason's one rule
+RULES: dict[Reason, Rule] = {why: r for r in RULEBOOK for why in r.reasons}  # each reason's rule
 
 
 def rules(point: str) -> tuple[Rule, ...]:
@@ -239,9 +248,9 @@ def rules(point: str) -> tuple[Rule, ...]:
 
 
 def in_rule_order(counts: Mapping[Reason, int]) -> dict[str, int]:
-    """Decision counts by reason value, in the rulebook's order, zeros left out (what
-    /server_info reports for each point)."""
-    return {r.reason.value: counts[r.reason] for r in RULEBOOK if counts.get(r.reason)}
+    """Decision counts by reason value, in the rulebook's order (a rule's cases after it),
+    zeros left out (what /server_info reports for each point)."""
+    return {why.value: counts[why] for r in RULEBOOK for why in r.reasons if counts.get(why)}
 
 
 def rulebook_table() -> str:
@@ -262,23 +271,30 @@ ABLATABLE: tuple[Reason, ...] = tuple(r.reason for r in RULEBOOK
 
 
 def parse_ablate(names: str | Iterable[str | Reason]) -> frozenset[Reason]:
-    """Rules named by value ("a,b" or an iterable); an unknown name or a default is an error
-    that names the variable and lists the rules that can be ablated."""
+    """Rules named by value ("a,b" or an iterable); an unknown name, a default, a guard or a
+    rule's case is an error that names the variable and lists the rules that can be ablated."""
     items = names.split(",") if isinstance(names, str) else [str(n) for n in names]
     out = set()
     for name in (n.strip() for n in items):
         if not name:
             continue
         if name not in {r.value for r in ABLATABLE}:
-            kind = ("no rule" if name not in {r.value for r in Reason}
-                    else "a guard" if RULES[Reason(name)].guard else "a default rule")
+            rule = RULES.get(Reason(name)) if name in {r.value for r in Reason} else None
+            kind = ("no rule" if rule is None
+                    else f"a case of rule {rule.reason.value!r}" if rule.reason.value != name
+                    else "a guard" if rule.guard else "a default rule")
             raise ValueError(f"{ABLATE_ENV}: {name!r} is {kind}; ablatable rules: "
                              f"{', '.join(r.value for r in ABLATABLE)}")
         out.add(Reason(name))
     return frozenset(out)
 
 
-_ablated: frozenset[Reason] = parse_ablate(os.environ.get(ABLATE_ENV, ""))
+def _with_cases(ablated: frozenset[Reason]) -> frozenset[Reason]:
+    # NOTE: a rule's sites ask by the reason they decide with: its cases are off with it
+    return frozenset(why for r in ablated for why in RULES[r].reasons)
+
+
+_ablated: frozenset[Reason] = _with_cases(parse_ablate(os.environ.get(ABLATE_ENV, "")))
 
 
 def enabled(reason: Reason) -> bool:
@@ -290,8 +306,9 @@ def enabled(reason: Reason) -> bool:
 def ablating(names: str | Iterable[str | Reason]) -> Iterator[frozenset[Reason]]:
     """Disable the named rules for the block (in-process eval arms and tests)."""
     global _ablated
-    before, _ablated = _ablated, parse_ablate(names)
+    chosen = parse_ablate(names)
+    before, _ablated = _ablated, _with_cases(chosen)
     try:
-        yield _ablated
+        yield chosen
     finally:
         _ablated = before
