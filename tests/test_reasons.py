@@ -121,15 +121,17 @@ def reasons_in_order(fn) -> list[Reason]:
 def test_the_rulebook_reads_the_decision_functions_rules_in_their_order():
     """The table is the code's shape: VISIT's rows are core/points.py `visit`'s rules (its
     wait rule's spliced in where it asks it), DEFER's `defer`'s, in the order the functions
-    apply them."""
+    apply them, each rule's cases asked there too."""
     from radixflow_sglang.core.points import defer, visit
     from radixflow_sglang.core.reasons import RULES
 
-    def as_rules(reasons: list[Reason]) -> list[Reason]:  # NOTE: a case stands for its rule
-        return list(dict.fromkeys(RULES[why].reason for why in reasons))
-
-    assert as_rules(reasons_in_order(visit)) == [r.reason for r in rules("visit")]
-    assert as_rules(reasons_in_order(defer)) == [r.reason for r in rules("defer")]
+    for fn, point in ((visit, "visit"), (defer, "defer")):
+        named = reasons_in_order(fn)
+        # NOTE: a rule's own reason stands in its place; a case (a fast path may be asked
+        # first) is checked to be there at all
+        assert [why for why in named if RULES[why].reason is why] == \
+            [r.reason for r in rules(point)]
+        assert {c for r in rules(point) for c in r.cases} <= set(named)
 
 
 def test_guards_and_defaults_are_not_ablatable():
@@ -137,7 +139,7 @@ def test_guards_and_defaults_are_not_ablatable():
 
     guards = {r.reason for r in RULEBOOK if r.guard}
     assert guards == {Reason.NO_TRAVERSAL, Reason.NOT_BLOCKED, Reason.NO_CUT, Reason.FITS,
-                      Reason.OUTSIDE}
+                      Reason.OUTSIDE, Reason.SLOT_TAKEN}
     for reason in guards:
         with pytest.raises(ValueError, match="a guard"):
             parse_ablate(reason.value)

@@ -49,10 +49,10 @@ def visit(f: VisitFacts) -> tuple[Action, Reason]:
         return Action.HOLD, Reason.HELD
     if not f.traversal:  # NOTE: a guard: no traversal, no producer to ask
         return Action.NATIVE, Reason.NO_TRAVERSAL
+    if f.session:  # NOTE: the guard's case: a park would have to free its session's state
+        return Action.NATIVE, Reason.SESSION
     if f.quiet in (Reason.QUIET_SCAN, Reason.UNSHARED_SCAN, Reason.COVERED_SCAN):
         return Action.NATIVE, f.quiet  # NOTE: settled once per scan (`begin_scan`), by case
-    if enabled(Reason.SESSION) and f.session:
-        return Action.NATIVE, Reason.SESSION
     # NOTE: the guard `not_blocked`: its fast paths first (no producer, none sharing a block),
     # then with nothing ready (a larger ready prefix only shrinks the gain), after the probe
     if not f.producers:

@@ -137,6 +137,10 @@ class Rule:
     # held (the paper's three early releases) or which fast path settled it (a cheaper check of
     # the same fact, asked first): one row, one ablation switch, the trace says which case
     cases: tuple[Reason, ...] = ()
+    # NOTE: why it stays (issue 50): what switching it off changed where it is meant to decide
+    # ("off:" ablated / kept, `python -m eval.ablation` over the matrix of
+    # docs/notes/2026-12-rulebook-pruned.md, or the named shape), or the property it guards
+    kept: str = ""
 
     @property
     def reasons(self) -> tuple[Reason, ...]:
@@ -151,91 +155,135 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(HOLD, Reason.EARLY, Action.RELEASE,
          "release early: held requests fill the free rows (`rows`), or, flex only, work is "
          "running or in flight (`busy`) or held token demand fills the token budget (`tokens`)",
-         cases=(Reason.ROWS, Reason.BUSY, Reason.TOKENS)),
-    Rule(HOLD, Reason.COST, Action.RELEASE, "cost-aware flex: holding cannot win (hold_gain <= 0)"),
-    Rule(HOLD, Reason.DEADLINE, Action.RELEASE, "the oldest held request reached the deadline"),
-    Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold", default=True),
-    Rule(ORDER, Reason.PRIORITY_ORDER, Action.NATIVE,
-         "priority scheduling is on: SGLang's priority order stands"),
+         cases=(Reason.ROWS, Reason.BUSY, Reason.TOKENS),
+         kept=("off: mean 1.037x radixflow-always, 1.018x flex-always (4b mix α8); the cost-aware "
+               "arms' `cost` releases the same")),
+    Rule(HOLD, Reason.COST, Action.RELEASE, "cost-aware flex: holding cannot win (hold_gain <= 0)",
+         kept="off: mean 1.017-1.162x (48 of 56 matrix runs)"),
+    Rule(HOLD, Reason.DEADLINE, Action.RELEASE, "the oldest held request reached the deadline",
+         kept="property: no starvation, a hold ends within D ms (test_rule_deadline)"),
+    Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold", default=True,
+         kept="the point's otherwise"),
     Rule(ORDER, Reason.RECHECKED_FIRST, Action.FIRST,
-         "parked in an earlier scan (the wait set, rechecked): visited before the rest"),
-    Rule(ORDER, Reason.QUEUE_ORDER, Action.NATIVE, "otherwise: SGLang's order", default=True),
-    Rule(VISIT, Reason.HELD, Action.HOLD, "the admission hold has not released it"),
-    Rule(VISIT, Reason.NO_TRAVERSAL, Action.NATIVE, "the policy has no traversal (or no reuse)",
-         guard=True),
+         "parked in an earlier scan (the wait set, rechecked): visited before the rest",
+         kept="off: mean 1.050x (0.8b gsp burst no_buffer)"),
+    Rule(ORDER, Reason.QUEUE_ORDER, Action.NATIVE,
+         "otherwise, or under priority scheduling (`priority_order`, checked first: SGLang's "
+         "priority order stands): SGLang's order", default=True, cases=(Reason.PRIORITY_ORDER,),
+         kept=("the point's otherwise; `priority_order` keeps SGLang's priority contract "
+               "(test_case_priority_order)")),
+    Rule(VISIT, Reason.HELD, Action.HOLD, "the admission hold has not released it",
+         kept="property: a held request stays out until released (test_rule_held)"),
+    Rule(VISIT, Reason.NO_TRAVERSAL, Action.NATIVE,
+         "the policy has no traversal (or no reuse), or a session request (`session`: its state "
+         "is its session's, which a park could not free)", guard=True, cases=(Reason.SESSION,),
+         kept="guard: nothing to ask without a traversal; a park must free what it holds"),
     Rule(VISIT, Reason.QUIET_SCAN, Action.NATIVE,
          "a quiet scan, settled once per scan: no candidate can wait; fast paths, when none "
          "has waited (nothing can be Blocked): no queued request shares its first block with "
          "another or with a live producer (`unshared_scan`), or every prefix one shares is "
          "ready for it within theta already (`covered_scan`)",
-         cases=(Reason.UNSHARED_SCAN, Reason.COVERED_SCAN)),
-    Rule(VISIT, Reason.SESSION, Action.NATIVE, "a session request"),
+         cases=(Reason.UNSHARED_SCAN, Reason.COVERED_SCAN),
+         kept="off: mean 1.001-1.021x (52 of 56): its host time"),
     Rule(VISIT, Reason.NOT_BLOCKED, Action.NATIVE,
          "not Blocked: no producer publishes >= theta past its ready prefix within reach "
          "(checked with nothing ready, then after the probe match); fast paths: no live "
          "producer is indexed (`no_producer`), none shares a block with it (`no_sharer`)",
-         guard=True, cases=(Reason.NO_PRODUCER, Reason.NO_SHARER)),
-    Rule(VISIT, Reason.RECOMPUTE_UNPROBED, Action.NATIVE,
-         "cost-aware: recomputing wins at every ready prefix it could have (no probe)"),
+         guard=True, cases=(Reason.NO_PRODUCER, Reason.NO_SHARER),
+         kept="guard: off, the arm fails (AttributeError)"),
     Rule(VISIT, Reason.ALWAYS_WAIT, Action.PARK, "always-wait rule: Blocked parks",
-         default=True),
-    Rule(VISIT, Reason.COMMITTED_WAIT, Action.PARK,
-         "cost-aware: a wait decided over 2 rounds is kept on its second visit"),
+         default=True,
+         kept="the always-wait policies' otherwise"),
     Rule(VISIT, Reason.BOUND_WOULD_CUT, Action.NATIVE,
-         "cost-aware: the park bound releases it before the state is published"),
+         "cost-aware: the park bound releases it before the state is published",
+         kept="PENDING"),
     Rule(VISIT, Reason.GROUP_UNPROBED, Action.NATIVE,
-         "cost-aware: its sibling group recomputed unprobed in this scan"),
+         "cost-aware: its sibling group recomputed unprobed in this scan",
+         kept="PENDING"),
     Rule(VISIT, Reason.TAIL_GUARD, Action.NATIVE,
          "cost-aware: waiting wins on summed latency but would make its question the slowest "
-         "the choice affects (a veto of the wait)"),
+         "the choice affects (a veto of the wait)",
+         kept="off: mean 1.002-1.005x (10 of 56)"),
     Rule(VISIT, Reason.WAIT_WINS, Action.PARK,
          "cost-aware: waiting adds less latency than recomputing (one verdict per sibling "
-         "group; at the producer's learned mark where waiting for it still wins)"),
-    Rule(VISIT, Reason.RECOMPUTE_WINS, Action.NATIVE, "cost-aware: recomputing now adds less"),
-    Rule(VISIT, Reason.BOUND_SPENT, Action.NATIVE, "its park bound is spent"),
+         "group; at the producer's learned mark where waiting for it still wins); fast path, "
+         "asked first: a wait decided over 2 rounds (overlap) is kept on its second visit "
+         "(`committed_wait`)", cases=(Reason.COMMITTED_WAIT,),
+         kept=("off: mean 1.055-3.504x (40 of 56); `committed_wait` alone: mean 1.035x, "
+               "p95 1.135x (27b race α100 extra_buffer + overlap)")),
+    Rule(VISIT, Reason.RECOMPUTE_WINS, Action.NATIVE,
+         "cost-aware: recomputing now adds less; fast path, asked before the probe match: "
+         "recomputing wins at every ready prefix it could have (`recompute_unprobed`)",
+         cases=(Reason.RECOMPUTE_UNPROBED,),
+         kept=("off: mean 1.001-1.428x (20 of 56); `recompute_unprobed` alone: 1.001-1.002x "
+               "(16 of 56: the probe it skips)")),
+    Rule(VISIT, Reason.BOUND_SPENT, Action.NATIVE, "its park bound is spent",
+         kept="property: no starvation, a park ends at its bound (test_rule_bound_spent)"),
     Rule(DEFER, Reason.NEWCOMER, Action.DEFER,
-         "cost-aware: joining a released consumer's round costs more than a round (once)"),
+         "cost-aware: joining a released consumer's round costs more than a round (once)",
+         kept="off: mean 1.120x (4b mix α8 extra_buffer, seed 2)"),
     Rule(DEFER, Reason.NO_CUT, Action.ADMIT, "no chunk budget, or the round's first request",
-         guard=True),
+         guard=True,
+         kept="guard: off, the chunk rules meet no budget"),
     Rule(DEFER, Reason.BOUNDARY_SLOT, Action.DEFER,
-         "no_buffer: its boundary cut must wait for SGLang's one chunk slot"),
-    Rule(DEFER, Reason.FITS, Action.ADMIT, "it fits the residual chunk budget whole", guard=True),
+         "no_buffer: its boundary cut must wait for SGLang's one chunk slot",
+         kept="off: mean 1.306x (4b gsp no_buffer)"),
+    Rule(DEFER, Reason.FITS, Action.ADMIT, "it fits the residual chunk budget whole", guard=True,
+         kept="guard: off, the arm fails (TypeError)"),
     Rule(DEFER, Reason.FORK_SLOT, Action.DEFER,
-         "a fork-cut producer holds SGLang's one chunk slot"),
+         "a fork-cut producer holds SGLang's one chunk slot",
+         kept="PENDING"),
     Rule(DEFER, Reason.NATIVE_CUT, Action.ADMIT,
          "the cut is no fragment, or no fragment guard, or (+Frag) its fragment deferrals are "
-         "spent (`frag_cap`)", cases=(Reason.FRAG_CAP,)),
+         "spent (`frag_cap`)", cases=(Reason.FRAG_CAP,),
+         kept="off: mean 1.083-1.233x (6 of 56)"),
     Rule(DEFER, Reason.FRAGMENT, Action.DEFER,
-         "+Frag: the cut would leave a fragment shorter than G (publishes no state)"),
+         "+Frag: the cut would leave a fragment shorter than G (publishes no state)",
+         kept=("the paper's +Frag arm (radixflow-frag); no fragment was cut at "
+               "8,192-token budgets")),
     Rule(PLACE, Reason.DECLARED, Action.TARGET,
-         "a declared boundary (request field, chat system end, fork prefix)"),
+         "a declared boundary (request field, chat system end, fork prefix)",
+         kept="off: mean 1.011-1.204x (6 of 56)"),
     Rule(PLACE, Reason.NATIVE_BRANCH, Action.NATIVE,
-         "its match carries SGLang's branching depth (the tree shows where it diverges)"),
+         "its match carries SGLang's branching depth (the tree shows where it diverges)",
+         kept="PENDING"),
     Rule(PLACE, Reason.MARKER, Action.TARGET,
-         "learned: a marker or template piece in its extend serves most (`place`)"),
-    Rule(PLACE, Reason.REPEAT, Action.TARGET, "learned: its namespace repeats prompts: length - 1"),
+         "learned: a marker or template piece in its extend serves most (`place`)",
+         kept="off: mean 1.144-1.423x (16 of 56)"),
+    Rule(PLACE, Reason.REPEAT, Action.TARGET, "learned: its namespace repeats prompts: length - 1",
+         kept="PENDING"),
     Rule(PLACE, Reason.QUEUED_FORK, Action.TARGET,
          "queued requests the round cannot take share its extend past its ready prefix (known "
-         "demand): where the one state serves most (`place`; no_buffer: no marker in it)"),
+         "demand): where the one state serves most (`place`; no_buffer: no marker in it)",
+         kept="off: mean 1.117x, tokens 1.316x (0.8b gsp burst extra_buffer, undeclared)"),
     Rule(PLACE, Reason.LEARNED, Action.TARGET,
-         "learned: a fork depth seen in its namespace, unless a queued sibling forks past it"),
+         "learned: a fork depth seen in its namespace, unless a queued sibling forks past it",
+         kept="off: mean 1.567x, tokens 2.957x (0.8b sibling-after-completion extra_buffer, box)"),
     Rule(PLACE, Reason.NO_BOUNDARY, Action.NATIVE, "otherwise: SGLang's own publish depth",
-         default=True),
+         default=True,
+         kept="the point's otherwise"),
     Rule(PUBLISH, Reason.OUTSIDE, Action.NATIVE,
-         "the boundary's grid floor is not inside this extend", guard=True),
+         "the boundary's grid floor is not inside this extend", guard=True,
+         kept="guard: off, the arm fails (TypeError: a cut at no depth)"),
     Rule(PUBLISH, Reason.SLOT_TAKEN, Action.NATIVE,
-         "no_buffer: SGLang's one chunk slot is taken, or chunked prefill is off"),
+         "no_buffer: SGLang's one chunk slot is taken, or chunked prefill is off", guard=True,
+         kept="guard: a cut would overwrite SGLang's one chunked request"),
     Rule(PUBLISH, Reason.CUT_UNUSED, Action.NATIVE,
-         "no_buffer: nobody is expected to use it while a queued group wants the slot"),
+         "no_buffer: nobody is expected to use it while a queued group wants the slot",
+         kept="PENDING"),
     Rule(PUBLISH, Reason.CUT_UNPAID, Action.NATIVE,
          "not declared: the cut does not pay for its round (cut must pay, tail guard); "
          "extra_buffer's cut to keep the end state too (`keep_unpaid`): SGLang's own depth",
-         cases=(Reason.KEEP_UNPAID,)),
+         cases=(Reason.KEEP_UNPAID,),
+         kept="off: mean 1.050-1.316x (8 of 56)"),
     Rule(PUBLISH, Reason.KEEP_END, Action.CUT,
-         "extra_buffer: the slot is free and the lost tail costs more than a round: cut"),
-    Rule(PUBLISH, Reason.MOVE, Action.MOVE, "extra_buffer: move the one tracked state"),
+         "extra_buffer: the slot is free and the lost tail costs more than a round: cut",
+         kept="PENDING"),
+    Rule(PUBLISH, Reason.MOVE, Action.MOVE, "extra_buffer: move the one tracked state",
+         kept="off: mean 0.956-1.754x (26 of 56; lower in 4: mix α8 extra_buffer + overlap)"),
     Rule(PUBLISH, Reason.CUT, Action.CUT, "otherwise: cut the extend at the boundary",
-         default=True),
+         default=True,
+         kept="the point's otherwise"),
 )
 
 
@@ -256,10 +304,11 @@ def in_rule_order(counts: Mapping[Reason, int]) -> dict[str, int]:
 def rulebook_table() -> str:
     """The rulebook as docs/design.md's table (`python -m radixflow_sglang.explain --rulebook`
     prints it; tests/test_reasons.py checks the design carries it verbatim)."""
-    head = ["| # | point | rule (reason) | action | says |", "|---|---|---|---|---|"]
+    head = ["| # | point | rule (reason) | action | says | kept because |",
+            "|---|---|---|---|---|---|"]
     rows = [f"| {n} | {r.point} | `{r.reason.value}` | {r.action.value} | {r.says}"
             f"{' (default: not ablatable)' if r.default else ''}"
-            f"{' (guard: not ablatable)' if r.guard else ''} |"
+            f"{' (guard: not ablatable)' if r.guard else ''} | {r.kept} |"
             for n, r in enumerate(RULEBOOK, 1)]
     return "\n".join(head + rows) + "\n"
 
