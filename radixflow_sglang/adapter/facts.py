@@ -189,17 +189,17 @@ class VisitFacts:
         rt, t = self.rt, self.t
         verdict = self.wait.outcome(why)
         self.b = b = t.placed(self.cand, self.b)
-        if rt._trace is not None:
+        if rt.trace.on:
             # NOTE: a sibling that followed its group's verdict priced nothing: the trace shows
             # the view it would have been priced with, siblings and slot aside
             view = self.view or rt._view(self.req, self.adder, 0, b.producer)
-            rt._emit({"event": "decide", "round": rt.round, "rid": self.req.rid,
-                      "producer": b.producer, "ready": b.ready, "depth": b.depth,
-                      "length": len(self.tokens), "fork": b.fork, "wait": verdict.wait,
-                      "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
-                      "tail": verdict.tail,
-                      "view": view.__dict__,
-                      "probed": True, "reason": verdict.reason})
+            rt.trace.emit({"event": "decide", "round": rt.round, "rid": self.req.rid,
+                           "producer": b.producer, "ready": b.ready, "depth": b.depth,
+                           "length": len(self.tokens), "fork": b.fork, "wait": verdict.wait,
+                           "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
+                           "tail": verdict.tail,
+                           "view": view.__dict__,
+                           "probed": True, "reason": verdict.reason})
         if verdict.wait:
             rt._scan_view().parked(len(self.tokens) - b.depth)
 
@@ -244,4 +244,4 @@ class DeferFacts:
 
     @property
     def frag_spent(self) -> bool:
-        return self.rt.frag_deferred.get(self.req.rid, 0) >= self.rt.cfg.frag_cap
+        return self.rt.records.frag_deferred.get(self.req.rid, 0) >= self.rt.cfg.frag_cap
