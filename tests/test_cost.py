@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from radixflow_sglang.adapter import quiet as quiet_mod
-from radixflow_sglang.adapter import runtime as runtime_mod
+from radixflow_sglang.adapter.scanstate import Scan
 from radixflow_sglang.core.cost import (
     GENERIC_PRIOR,
     CostCoeffs,
@@ -758,9 +758,9 @@ def test_kit_a_question_that_arrives_together_runs_together(make_kit, monkeypatc
         return [(sorted(r.rids), r.scheduled_tokens) for r in k.rounds if r.mode == "prefill"]
 
     assert run() == [(["b0", "b1", "b2", "b3"], 4 * 388)]
-    monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_tied", lambda *a: False)
+    monkeypatch.setattr(Scan, "tied", lambda *a: False)
     assert run() == [(["b0", "b1", "b2", "b3"], 4 * 388)]
-    monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_older_by", lambda *a: math.inf)
+    monkeypatch.setattr(Scan, "older_by", lambda *a: math.inf)
     assert run() == [(["b0"], 388), (["b1", "b2", "b3"], 3 * 14)]
 
 

@@ -195,7 +195,7 @@ def test_a_trace_numbers_quiet_and_traversal_rounds_by_one_count(make_kit, tmp_p
     assert decided == {2}
 
 
-# --- unshared scans (`RadixFlowRuntime._sharing`, rule `unshared_scan`) ----------------------
+# --- unshared scans (adapter/quiet.py `sharing`, rule `unshared_scan`) -----------------------
 
 
 def _stream(rng: random.Random, k, steps: int, system: list[int] = ()) -> list[list]:
@@ -304,7 +304,7 @@ def test_unshared_scans_keep_the_chain_cache_bounded(make_kit) -> None:
     assert len(k.runtime.traversal.chains) <= k.runtime.traversal.chains.keep + 1
 
 
-# --- covered scans (`RadixFlowRuntime._covered`, rule `covered_scan`) -------------------------
+# --- covered scans (adapter/quiet.py `covered`, rule `covered_scan`) --------------------------
 
 
 @pytest.mark.parametrize("layout,overlap", [("extra_buffer", True), ("extra_buffer", False),

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from radixflow_sglang.adapter import runtime as runtime_mod
+from radixflow_sglang.adapter.scanstate import Scan
 from radixflow_sglang.core.cost import (
     RoundView,
     WaitCase,
@@ -111,7 +111,7 @@ def test_kit_questions_arriving_together_run_together(make_kit, monkeypatch, gua
     k = make_kit("qwen3.5-27b", "no_buffer", "radixflow")
     k.runtime.use_prior(cost_with("qwen3.5-27b", alpha_ms=200))
     if not guard:
-        monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_older_by", lambda *a: math.inf)
+        monkeypatch.setattr(Scan, "older_by", lambda *a: math.inf)
     k.submit(*_question(k, "a", 1), *_question(k, "b", 2))
     k.drain()
     rounds = [sorted(r.rids) for r in k.rounds if r.mode == "prefill"]

@@ -69,8 +69,16 @@ class RoundCost:
     def observe_forward(self, round_: int, rows: int, tokens: int, seconds: float,
                         host: float | None = None,
                         period: tuple[float, float] | None = None, **extra) -> float:
-        """RadixFlowRuntime.observe_forward, in round `round_`: the values agreed in one
-        broadcast, the forward traced and fed to the fit."""
+        """One prefill forward's measured duration in round `round_`: agreed across ranks
+        (rank 0's value), recorded in the trace, fed to the fit. Every rank must call it for
+        every prefill forward in the same order (it runs a collective in a server). `host`:
+        the round's scheduler CPU time, agreed in the same broadcast and fed as `observe_host`
+        (None on every rank, or on none). The cost-aware rule's arrival rate (a clock reading)
+        rides the same broadcast. `extra`: `pairs` (full-attention query-key pairs, fitted as
+        a term) and anything worth tracing. `period`: the previous prefill round's wall period
+        (LaunchPeriods; NaN: unknown) and that round's forward as the loop's wall saw it,
+        agreed in the same broadcast and fed to the wall overhead every decision prices a
+        round with (None on every rank, or on none: the kit feeds none)."""
         values = (seconds,) + (() if host is None else (host,)) + (period or ())
         if self.rated:
             now = self.clock()

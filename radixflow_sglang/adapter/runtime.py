@@ -7,7 +7,6 @@ SGLang keeps identical on all tensor-parallel ranks, so every rank decides the s
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -18,8 +17,6 @@ from radixflow_sglang.core.cost import (
     GENERIC_PRIOR,
     CostCoeffs,
     RoundCostEstimator,
-    RoundView,
-    newcomer_waits,
 )
 from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
@@ -33,22 +30,20 @@ from . import check_sglang_version
 from .admission import AdmissionHold, Sleep
 from .boundary import BoundaryPublisher, cut_chunk
 from .facts import DeferFacts, VisitFacts
+from .order import recheck_first
 from .quiet import quiet_rule
 from .records import Records
 from .reporting import Reporting, summary
 from .reqs import (
-    budget_left,
     cache_hit,
     inflight_reqs,
-    last_token,
     namespace,
     release_parked,
     req_tokens,
     running,
 )
 from .roundcost import RoundCost
-from .scanstate import ScanState
-from .scanview import ScanView
+from .scanstate import Scan
 from .trace import Trace
 
 check_sglang_version()
@@ -73,6 +68,14 @@ def cache_grid(sched: Scheduler) -> Grid:
 # NOTE: VISIT reasons for a request no live producer shares a prefix with (`_still_deferred`)
 UNSHARED = frozenset({Reason.NO_TRAVERSAL, Reason.QUIET_SCAN, Reason.UNSHARED_SCAN,
                       Reason.NO_PRODUCER, Reason.NO_SHARER})
+
+
+def no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder, layout: Layout) -> bool:
+    """A no_buffer fork can cut its producer this scan. NOTE: the cut producer becomes
+    SGLang's one chunked request: the slot must be free and chunked prefill on (without it
+    the next scan's add_chunked_req has no budget)."""
+    return (layout is Layout.NO_BUFFER and sched.chunked_req is None
+            and adder.rem_chunk_tokens is not None)
 
 
 class RadixFlowRuntime:
@@ -101,7 +104,7 @@ class RadixFlowRuntime:
         self.report = Reporting(self.trace, metrics, self.admission)
         self.totals = Totals()
         self.round = 0
-        self.scan = ScanState()  # NOTE: this scan's facts; begin_scan makes a new one
+        self.scan = Scan()  # NOTE: this scan's facts; begin_scan makes a new one
         self.quiet_visits = 0  # visits that skipped the traversal: nothing could be Blocked
         self._held_since_round = 0
         self.health_checks = 0  # prefills of only SGLang's health check, run natively, uncounted
@@ -114,6 +117,10 @@ class RadixFlowRuntime:
         if self.spec.cost_aware:
             pub.older_by = self._older_by
         return pub
+
+    def _older_by(self, req: Req, adder: PrefillAdder) -> float:
+        """The publisher's tail guard reads the current scan's (`Scan.older_by`)."""
+        return self.scan.older_by(req, adder)
 
     def _hold(self, clock, sleep: Sleep, agreement: Agreement) -> AdmissionHold | None:
         """The admission hold (None: no admission control); it prices with the decision's fit."""
@@ -170,16 +177,8 @@ class RadixFlowRuntime:
     def observe_forward(self, rows: int, tokens: int, seconds: float,
                         host: float | None = None,
                         period: tuple[float, float] | None = None, **extra) -> float:
-        """One prefill forward's measured duration: agreed across ranks (rank 0's value),
-        recorded in the trace, fed to the round-cost fit. Every rank must call it for every
-        prefill forward in the same order (it runs a collective in a server). `host`: the
-        round's scheduler CPU time, agreed in the same broadcast and fed as `observe_host`
-        (None on every rank, or on none). The cost-aware rule's arrival rate (a clock reading)
-        rides the same broadcast. `extra`: `pairs` (full-attention query-key pairs, fitted as a
-        term) and anything worth tracing. `period`: the previous prefill round's wall period
-        (LaunchPeriods; NaN: unknown) and that round's forward as the loop's wall saw it,
-        agreed in the same broadcast and fed to the wall overhead every decision prices a round
-        with (None on every rank, or on none: the kit feeds none)."""
+        """One prefill forward's measured duration, agreed across ranks and fed to the fit;
+        every rank calls it for every prefill forward, in order (adapter/roundcost.py)."""
         return self.roundcost.observe_forward(self.round, rows, tokens, seconds, host, period,
                                               **extra)
 
@@ -193,7 +192,8 @@ class RadixFlowRuntime:
         self.records.sweep(sched.waiting_queue)
         self._order(sched)
         self.boundary.begin_scan(sched.waiting_queue)
-        scan = self.scan = ScanState(self.round, sched=sched)
+        scan = self.scan = Scan(self.round, sched=sched, requests=self.requests,
+                                cost=self.roundcost)
         if self.traversal is None:
             scan.stats = RoundStats(self.round, t_start=self.clock())
             return
@@ -208,48 +208,26 @@ class RadixFlowRuntime:
                 scan.stats = RoundStats(self.round, quiet=True, t_start=self.clock())
                 return
         slots = 1 << 30 if self.grid.layout is Layout.EXTRA_BUFFER else 0
-        if self._no_buffer_fork_possible(sched, adder, self.grid.layout):
+        if no_buffer_fork_possible(sched, adder, self.grid.layout):
             slots = 1  # NOTE: no_buffer forks by cutting the producer as SGLang's one chunk
         scan.chunk = (sched.chunked_req, adder)  # NOTE: read by chunk_continued
-        scan.stats = self.traversal.begin_round(self._inflight(sched), slots)
+        scan.walk = self.traversal.begin_round(self._inflight(sched), slots)
+        scan.stats = scan.walk.stats
         # NOTE: the scan's number, not the traversal's (quiet scans skip it): one count per trace
         scan.stats.round, scan.stats.t_start = self.round, self.clock()
 
     def _order(self, sched: Scheduler) -> None:
-        """The ORDER point (core/reasons.py), after SGLang's `calc_priority`: requests parked in
-        an earlier scan (the wait set, rechecked) are visited before the rest, each part in
-        SGLang's order (a stable sort). A released consumer needs only its tail: visited first,
-        it takes a row a new producer would take, whose no_buffer cut would leave its rest
-        alone in a round whose rows are full (docs/notes/2026-12-rechecked-first.md). Priority
-        scheduling keeps SGLang's order. Rank-identical: `rounds_parked` counts agreed
-        decisions."""
+        """The ORDER point (core/reasons.py): rechecked requests first (adapter/order.py)."""
         if self.traversal is None:
             return
-        q, rs = sched.waiting_queue, self.requests
-        waited = [(s := rs.get(r.rid)) is not None and s.rounds_parked > 0 for r in q]
-        n = sum(waited)
-        if not n or all(waited[:n]):
-            return  # NOTE: none waited, or they lead already: SGLang's order stands
-        if getattr(sched, "enable_priority_scheduling", False) and enabled(Reason.PRIORITY_ORDER):
-            why = Reason.PRIORITY_ORDER
-        elif enabled(Reason.RECHECKED_FIRST):
-            why = Reason.RECHECKED_FIRST
-            q[:] = [r for r, w in zip(q, waited, strict=True) if w] + [
-                r for r, w in zip(q, waited, strict=True) if not w]
-        else:
-            return
-        self.report.ordered(self.round, why, n)
+        decided = recheck_first(sched, self.requests)
+        if decided is not None:
+            self.report.ordered(self.round, *decided)
 
     @property
     def stats(self) -> RoundStats:
         """This scan's round counters."""
         return self.scan.stats
-
-    def _scan_view(self) -> ScanView:
-        """The queue's view, built once per scan when a decision first needs it (O(queue))."""
-        if self.scan.view is None:
-            self.scan.view = ScanView.of(self.scan.sched)
-        return self.scan.view
 
     def chunk_continued(self, sched: Scheduler, req: Req | None) -> None:
         """The continuing chunked request's chunk publishes too. NOTE: `req` is what
@@ -265,7 +243,7 @@ class RadixFlowRuntime:
         if last:
             # NOTE: its last chunk runs now and frees SGLang's one chunk slot for this scan
             # (stock cuts a new chunk in the same round); begin_scan saw the slot taken
-            self.traversal.fork_slots = 1
+            self.scan.walk.fork_slots = 1
         req = req if req is not None else chunk
         if req is None or self.traversal is None or req.extend_end is None:
             return
@@ -334,7 +312,7 @@ class RadixFlowRuntime:
         if not bs:
             return False
         ok = t.recomputes_unprobed(
-            c0, bs, lambda b: self._view(req, adder, self._siblings(
+            c0, bs, lambda b: self.scan.round_view(req, adder, self.scan.siblings(
                 req, c0.tokens, t.group_depth(b), sibs), b.producer), self.cost.decision_coeffs)
         if ok and self.trace.on:
             self.trace.emit({"event": "decide", "round": self.round, "rid": req.rid,
@@ -343,46 +321,6 @@ class RadixFlowRuntime:
                              "probed": False, "reason": Reason.RECOMPUTE_UNPROBED})
         return ok
 
-    def _siblings(self, req: Req, tokens, depth: int, memo: dict[int, int]) -> int:
-        if depth not in memo:
-            memo[depth] = self._scan_view().siblings(req, namespace(req), tokens, depth)
-        return memo[depth]
-
-    def _view(self, req: Req, adder: PrefillAdder, siblings: int,
-              producer: str | None = None) -> RoundView:
-        host = self.roundcost.host_s()
-        tied = int(self._tied(req, producer, adder))
-        return self._scan_view().view(req, adder, siblings, host, self.roundcost.arrival_rate,
-                                      tied, self._older_by(req, adder))
-
-    def _older_by(self, req: Req, adder: PrefillAdder) -> float:
-        """Seconds the oldest request finishing with this round arrived before `req` (agreed
-        stamps, rank-identical; 0: none). Inf when an older one finishes after it whatever
-        happens (a row decoding on, a queued request this scan passed over): the tail is
-        not this round's (core/cost.py `raises_tail`)."""
-        if self.scan.continuing is None:
-            b = self.scan.sched.running_batch
-            self.scan.continuing = b is not None and any(not last_token(r) for r in b.reqs)
-        if self.scan.continuing:
-            return math.inf
-        if self._scan_view().passed_over(req, adder.can_run_list):
-            return math.inf
-        rs = self.requests.get(req.rid)
-        if rs is None or self.scan.oldest is None:
-            return 0.0
-        return max(rs.stamp - self.scan.oldest, 0.0)
-
-    def _tied(self, req: Req, producer: str | None, adder: PrefillAdder) -> bool:
-        """`producer` was selected this scan, finishes its prefill in it, and arrived with `req`
-        (registered in the same or an adjacent scan: a fork's branches, n samples): one question,
-        whose latency is its last member's (core/cost.py `RoundView.tied`). Rank-identical."""
-        p = self.scan.reqs.get(producer) if producer is not None else None
-        if p is None or p is adder.new_chunked_req:
-            return False
-        rp, rc = self.requests.get(producer), self.requests.get(req.rid)
-        return rp is not None and rc is not None and (
-            abs(rp.registered_round - rc.registered_round) <= 1)
-
     def after_add(self, sched: Scheduler, req: Req, adder: PrefillAdder, res) -> None:
         if not (adder.can_run_list and req is adder.can_run_list[-1]):
             return
@@ -390,12 +328,7 @@ class RadixFlowRuntime:
         rs = self.requests.get(req.rid)
         if rs is not None and rs.first_selected is None:
             rs.first_selected, rs.first_selected_round = self.clock(), self.round
-        scan = self.scan
-        scan.released += rs is not None and rs.rounds_parked > 0
-        finishing = req is not adder.new_chunked_req and last_token(req)
-        scan.finishing += finishing
-        if finishing and rs is not None:
-            scan.oldest = rs.stamp if scan.oldest is None else min(scan.oldest, rs.stamp)
+        self.scan.selected(req, adder, rs)
         self._publish_boundary(sched, req, adder)
         if self.trace.on:
             self.trace.admitted(self.round, req, self.grid)
@@ -475,37 +408,11 @@ class RadixFlowRuntime:
         return action, why
 
     def _newcomer_defers(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
-        """Keep a request no live producer shares a prefix with out of a round that runs
-        released consumers when joining would make their round cost more than everyone else
-        pays for one more round (core/cost.py `newcomer_waits`; once per request). Its group
-        (later requests sharing theta tokens of it: its consumers had it run) stays out with
-        it. Cost-aware rule only."""
-        scan = self.scan
-        if not (scan.released and scan.finishing) or scan.quiet or self.traversal is None:
+        """The cost-aware rule's newcomer deferral (adapter/scanstate.py
+        `Scan.newcomer_defers`)."""
+        if self.traversal is None or not self.spec.cost_aware:
             return False
-        rs = self.requests.get(req.rid)
-        if (not self.spec.cost_aware or rs is None or rs.rounds_parked or rs.deferred
-                or getattr(req, "session", None) is not None):
-            return False
-        tokens, ns = req_tokens(req), namespace(req)
-        theta = self.traversal.cfg.theta
-        if not any(ns == n and len(tokens) > theta and tokens[:theta] == h
-                   for n, h in self.scan.deferred_heads):
-            if self.scan.independent != req.rid:
-                return False  # NOTE: one a live producer shares a prefix with is traversal's
-            extend = len(req.full_untruncated_fill_ids) - req.prefix_len
-            extend = min(extend, int(budget_left(adder)))
-            v = self._view(req, adder, 0)
-            others = v.behind + v.rows - self.scan.finishing
-            taken = max(v.token_budget - v.budget_left, 0)  # NOTE: this round's tokens so far
-            if not newcomer_waits(self.cost.decision_coeffs, req.prefix_len, extend,
-                                  self.scan.finishing, others, v.parked_rows, v.host_s,
-                                  v.arrival_rate, v.rows, taken):
-                return False
-            self.scan.deferred_heads.append((ns, tokens[:theta]))
-        rs.deferred += 1
-        self.stats.newcomer_deferred += 1
-        return True
+        return self.scan.newcomer_defers(req, adder, self.traversal.cfg.theta)
 
     # --- helpers ---------------------------------------------------------------------------
     def _publish_boundary(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> None:
@@ -514,7 +421,7 @@ class RadixFlowRuntime:
         if not self.boundary.active:
             return
         # NOTE: a cut becomes SGLang's one chunked request: the slot must be free and chunked
-        # prefill on (as _no_buffer_fork_possible), in either layout.
+        # prefill on (as no_buffer_fork_possible), in either layout.
         cut_ok = (self.scan.fork_chunk is None and sched.chunked_req is None
                   and adder.rem_chunk_tokens is not None)
         self.boundary.admitted(req, req_tokens(req), namespace(req), adder, cut_ok,
@@ -522,8 +429,8 @@ class RadixFlowRuntime:
         self.report.placed(self.round, req.rid, self.boundary.decided)
         if self.boundary.cut is req:
             self.scan.fork_chunk = req  # NOTE: it holds SGLang's one chunk slot (see defer)
-            if self.traversal is not None:
-                self.traversal.fork_slots = 0
+            if self.scan.walk is not None:
+                self.scan.walk.fork_slots = 0
 
     def _boundary_defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """no_buffer: skip a request whose boundary cut must wait for SGLang's one chunk slot
@@ -567,13 +474,3 @@ class RadixFlowRuntime:
         p.extend = p.publish - p.prefix
         if p.publish == p.mark:
             self.boundary.fork_cut(req, req_tokens(req), namespace(req), p.publish)
-
-    @staticmethod
-    def _no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder,
-                                 layout: Layout | None = None) -> bool:
-        # NOTE: the cut producer becomes SGLang's one chunked request: the slot must be free
-        # and chunked prefill on (without it the next scan's add_chunked_req has no budget).
-        # `layout`: the runtime's grid's (cache_grid per scan cost a grid derivation).
-        layout = cache_grid(sched).layout if layout is None else layout
-        return (layout is Layout.NO_BUFFER and sched.chunked_req is None
-                and adder.rem_chunk_tokens is not None)
