@@ -100,7 +100,7 @@ class HostCost:
             # that visited nothing (an empty queue: SGLang returns before the scan loop) costs
             # SGLang's own fixed time whatever the arm (the traversal's per-round excess is
             # its scan hooks' work; a quiet scan ran SGLang's own code with the hooks off,
-            # RadixFlowRuntime._quiet_scan)
+            # adapter/quiet.py quiet_rule)
             visited = scan_visited(scan)
             decode = getattr(rnd, "mode", "prefill") == "decode"
             rows = 0 if decode else len(rnd.rids)

@@ -186,9 +186,9 @@ def test_frag_deferral_is_capped_then_native_chunking(make_kit, clock):
     k.sched.waiting_queue.sort(key=lambda r: r.rid != "x")
     rnd = k.step()
     assert rnd.rids == ["x", "b"] and k.sched.chunked_req.rid == "b"  # cap reached: native
-    counts = k.runtime.reason_counts()
+    counts = k.runtime.report.reason_counts()
     assert counts["fragment"] == 1 and counts["frag_cap"] == 1  # b deferred once, then cut
-    assert "b" not in k.runtime.frag_deferred  # NOTE: selected: its record ended
+    assert "b" not in k.runtime.records.frag_deferred  # NOTE: selected: its record ended
 
 
 @pytest.mark.parametrize("policy", ["radixflow-always", "timer5"])

@@ -58,7 +58,7 @@ def test_kit_runtime_measures_queue_arrivals_and_decides_on_rank_zeros_rate(make
     rt = k.runtime
     shared: list[float] = []
     # NOTE: the rate rides the forward's broadcast (its last value); rank 0's value wins
-    rt.share_forward = lambda *v: (shared.append(v[-1]), (*v[:-1], 7.5))[1]
+    rt.roundcost.share_forward = lambda *v: (shared.append(v[-1]), (*v[:-1], 7.5))[1]
     now[0] = 2.0
     k.submit(*[_lone(k, f"a{i}", 1000 * (i + 1)) for i in range(20)])
     k.step()  # the scan counts the 20 requests that entered the queue
@@ -81,11 +81,11 @@ def test_kit_runtime_measures_queue_arrivals_and_decides_on_rank_zeros_rate(make
 def test_kit_a_policy_without_the_cost_rule_shares_no_rate(make_kit):
     k = make_kit("qwen3.5-4b", "extra_buffer", "traversal-always")
     shared: list[float] = []
-    k.runtime.share_forward = lambda *v: (shared.append(v), v)[1]
+    k.runtime.roundcost.share_forward = lambda *v: (shared.append(v), v)[1]
     k.submit(_lone(k, "a0", 1000))
     k.step()
     k.runtime.observe_forward(1, 300, 0.01)
-    assert shared == [(0.01,)] and k.runtime.arrival_rate == 0.0
+    assert shared == [(0.01,)] and k.runtime.roundcost.arrival_rate == 0.0
 
 
 def test_twin_under_a_backlog_the_cost_rule_schedules_what_always_waiting_does() -> None:
@@ -117,4 +117,4 @@ def test_the_kits_runtime_reads_a_virtual_clock(make_kit):
     k.submit(*[_lone(k, f"r{i}", 1000 * (i + 1)) for i in range(4)])
     k.step()
     k.runtime.observe_forward(1, 4000, 0.05)  # NOTE: a server's forward hook shares the rate
-    assert k.runtime.arrival_rate == 8.0
+    assert k.runtime.roundcost.arrival_rate == 8.0

@@ -72,11 +72,12 @@ def _kit():
 
 def _run(kit, rid: str, ids) -> tuple[int, Reason | None, int]:
     """(ready prefix at its first round, its PUBLISH rule, its prefill rounds)."""
-    before = Counter(kit.runtime.boundary_reasons)
+    before = Counter(kit.runtime.report.boundary_reasons)
     kit.submit(kit.req(rid, ids))
     rounds = kit.drain()
     cached = next(r.prefix[rid] for r in rounds if rid in r.prefix)
-    how = [r for r in Counter(kit.runtime.boundary_reasons) - before if RULES[r].point == PUBLISH]
+    fresh = Counter(kit.runtime.report.boundary_reasons) - before
+    how = [r for r in fresh if RULES[r].point == PUBLISH]
     assert len(how) <= 1
     return cached, (how[0] if how else None), sum(rid in r.rids for r in rounds)
 

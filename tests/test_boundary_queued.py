@@ -53,7 +53,7 @@ def test_the_first_of_a_group_publishes_where_its_unvisited_siblings_fork(overla
     assert all(first[f"g{g}r0"] == 0 for g in range(4))
     assert all(first[f"g{g}r{i}"] >= fork for g in range(4) for i in (1, 2))
     assert kit.runtime.boundary.moved["queued_fork"] >= 4
-    assert kit.runtime.boundary_reasons[Reason.QUEUED_FORK] >= 4
+    assert kit.runtime.report.boundary_reasons[Reason.QUEUED_FORK] >= 4
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
 
@@ -73,7 +73,7 @@ def test_without_the_rule_each_second_sibling_recomputes_the_prefix():
 def test_requests_that_share_nothing_place_nothing():
     kit, _, first, _ = burst(groups=4, per_group=1)
     assert kit.runtime.boundary.moved["queued_fork"] == 0
-    assert kit.runtime.boundary_reasons[Reason.QUEUED_FORK] == 0
+    assert kit.runtime.report.boundary_reasons[Reason.QUEUED_FORK] == 0
     assert set(first.values()) == {0}
 
 

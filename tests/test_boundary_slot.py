@@ -289,7 +289,7 @@ def _burst_schedule(fast: bool, monkeypatch) -> tuple[list, int, dict, int]:
     rounds = [(r.chunked, sorted(r.extend.items()), sorted(r.prefix.items()))
               for r in kit.rounds]
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
-    return rounds, len(matches), kit.runtime.reason_counts(), kit.runtime.boundary.deferred
+    return rounds, len(matches), kit.runtime.report.reason_counts(), kit.runtime.boundary.deferred
 
 
 def test_a_request_still_waiting_for_the_slot_is_deferred_again_without_a_match(monkeypatch):

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from radixflow_sglang.adapter import runtime as runtime_mod
+from radixflow_sglang.adapter import quiet as quiet_mod
+from radixflow_sglang.adapter.scanstate import Scan
 from radixflow_sglang.core.cost import (
     GENERIC_PRIOR,
     CostCoeffs,
@@ -462,7 +463,7 @@ def test_kit_short_document_under_a_large_fixed_cost(make_kit, monkeypatch, poli
     wait: the rule is not asked, tests/test_quiet_scan.py) or, with quiet scans off, branch by
     branch. The always-wait rule parks them either way."""
     if not quiet:
-        monkeypatch.setattr(runtime_mod, "never_waits", lambda *a, **kw: False)
+        monkeypatch.setattr(quiet_mod, "never_waits", lambda *a, **kw: False)
     k = make_kit("qwen3.5-4b", "extra_buffer", policy)
     k.runtime.use_prior(CostCoeffs(0.25, QWEN_4B.beta, QWEN_4B.gamma))
     branches(k, 320)
@@ -509,15 +510,16 @@ def test_observe_forward_feeds_the_fit_trace_and_summary(make_kit, tmp_path):
     assert len(fwd) == 60 and all("duration_s" in e and "rows" in e for e in fwd)
     shared: list[tuple] = []
     rank0 = {3: (0.123, 42.0, 0.006), 4: (0.123, 0.007, 43.0, 0.008)}  # NOTE: rank 0's values
-    rt.share_forward = lambda *v: (shared.append(v), rank0[len(v)])[1]
-    rt.clock = lambda: 1.0  # NOTE: the arrival rate and the request stamps read this clock
-    rt.arrivals.add(1.0, 0)
-    rate = rt.arrivals.rate(1.0)
+    rt.roundcost.share_forward = lambda *v: (shared.append(v), rank0[len(v)])[1]
+    rt.roundcost.clock = lambda: 1.0  # NOTE: the arrival rate reads this clock
+    rt.roundcost.arrivals.add(1.0, 0)
+    rate = rt.roundcost.arrivals.rate(1.0)
     assert rt.observe_forward(4, 100, 9.9) == 0.123 and shared == [(9.9, 1.0, rate)]
-    assert rt.agreed_now == 42.0 and rt.arrival_rate == 0.006  # rank 0's clock and rate
+    rc = rt.roundcost
+    assert rc.agreed_now == 42.0 and rc.arrival_rate == 0.006  # rank 0's clock and rate
     # NOTE: a round's forward time, host time, clock and arrival rate: one broadcast
     assert rt.observe_forward(4, 100, 9.9, 0.5) == 0.123 and shared[1:] == [(9.9, 0.5, 1.0, rate)]
-    assert rt.cost.host_s == 0.007 and rt.agreed_now == 43.0 and rt.arrival_rate == 0.008
+    assert rt.cost.host_s == 0.007 and rc.agreed_now == 43.0 and rc.arrival_rate == 0.008
     assert make_kit(policy="radixflow-always").runtime.summary()["wait_rule"] == "always"
 
 
@@ -756,9 +758,9 @@ def test_kit_a_question_that_arrives_together_runs_together(make_kit, monkeypatc
         return [(sorted(r.rids), r.scheduled_tokens) for r in k.rounds if r.mode == "prefill"]
 
     assert run() == [(["b0", "b1", "b2", "b3"], 4 * 388)]
-    monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_tied", lambda *a: False)
+    monkeypatch.setattr(Scan, "tied", lambda *a: False)
     assert run() == [(["b0", "b1", "b2", "b3"], 4 * 388)]
-    monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_older_by", lambda *a: math.inf)
+    monkeypatch.setattr(Scan, "older_by", lambda *a: math.inf)
     assert run() == [(["b0"], 388), (["b1", "b2", "b3"], 3 * 14)]
 
 
@@ -798,7 +800,7 @@ def test_kit_a_producer_first_seen_two_scans_before_its_consumers_is_not_tied(ma
     third = sorted(k.rounds[2].rids)
     waits = late and aged
     assert third == (["b0", "x"] if waits else ["b0", "b1", "b2", "b3", "x"])
-    assert sorted(k.runtime.parked()) == (["b1", "b2", "b3"] if waits else [])
+    assert sorted(k.runtime.records.parked()) == (["b1", "b2", "b3"] if waits else [])
 
 
 def test_kit_a_producer_cut_at_the_fork_is_not_tied(make_kit, tmp_path):
@@ -947,7 +949,8 @@ def test_kit_decisions_read_the_host_time_only_without_overlap(make_kit, tmp_pat
     k = make_kit("qwen3.5-4b", "extra_buffer", "traversal", overlap=overlap,
                  radixflow_config=RadixFlowConfig(policy="traversal", trace=str(trace)))
     shared: list[float] = []
-    k.runtime.share_forward = lambda s: (shared.append(s), (0.004,))[1]  # rank 0's value wins
+    # NOTE: rank 0's value wins
+    k.runtime.roundcost.share_forward = lambda s: (shared.append(s), (0.004,))[1]
     for s in (0.003, 0.004, 0.005):
         k.runtime.observe_host(s)
     assert shared == [0.003, 0.004, 0.005] and k.runtime.cost.host_s == 0.004
@@ -1121,7 +1124,7 @@ def test_the_trace_is_written_once_per_scan_not_once_per_event(make_kit, tmp_pat
     trace = tmp_path / "trace.jsonl"
     k = make_kit("qwen3.5-4b", "no_buffer", "radixflow",
                  radixflow_config=RadixFlowConfig(policy="radixflow", trace=str(trace)))
-    assert not k.runtime._trace.line_buffering
+    assert not k.runtime.trace.file.line_buffering
     doc = list(range(10_000, 12_000))
     k.submit(*[k.req(f"q{i}", doc + list(range(50_000 + 100 * i, 50_000 + 100 * i + 40)))
                for i in range(6)])

@@ -287,7 +287,7 @@ def test_the_probe_match_runs_only_when_a_ready_prefix_could_block(make_kit, sha
     if shared == 100:
         assert False not in calls and "A" in k.rounds[-1].rids  # native, matched once
     else:
-        assert calls.count(False) == 1 and "A" in k.runtime.parked()
+        assert calls.count(False) == 1 and "A" in k.runtime.records.parked()
 
 
 def test_the_fit_charges_probes_apart_from_plain_visits() -> None:

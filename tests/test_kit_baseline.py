@@ -292,7 +292,7 @@ RUN_BATCH = '''\
     def run_batch(self, batch, *args, **kwargs):
         """Upstream's run_batch, with a prefill forward's duration measured around it and every
         launch's time taken (a prefill round's wall period ends at the loop's next launch)."""
-        self.radixflow.periods.launch(self._radixflow_wall(), observed_prefill(batch))
+        self.radixflow.roundcost.periods.launch(self._radixflow_wall(), observed_prefill(batch))
         if not batch.forward_mode.is_extend():
             return super().run_batch(batch, *args, **kwargs)
         token = forward_timer.start(self, self._radixflow_wall)
@@ -316,7 +316,7 @@ PROCESS_RESULT = '''\
             # NOTE: the previous prefill round's period: its next launch (this round's, at the
             # latest) came before this result, with or without overlap
             k, self._radixflow_processed = self._radixflow_processed, self._radixflow_processed + 1
-            period = (self.radixflow.periods.take(k - 1), self._radixflow_loop_forward)
+            period = (self.radixflow.roundcost.periods.take(k - 1), self._radixflow_loop_forward)
             self._radixflow_loop_forward = forward_timer.loop_seconds(result)
             self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result), host,
                                            period, pairs=pairs, forward_iter=batch.forward_iter)
@@ -327,7 +327,7 @@ NEXT_BATCH = '''\
     def get_next_batch_to_run(self, *args, **kwargs):
         plan = super().get_next_batch_to_run(*args, **kwargs)
         if plan.batch_to_run is None and self._radixflow is not None:
-            self._radixflow.periods.idle()  # NOTE: a wait is no round's cost
+            self._radixflow.roundcost.periods.idle()  # NOTE: a wait is no round's cost
         return plan
 '''
 # A retracted request re-enters the queue: RadixFlow forgets it, then upstream's method runs.
@@ -338,7 +338,7 @@ REQUEUE = '''\
         NOTE: retract_decode passes is_retracted; priority preemption and retract-all re-queue
         through a bare call, their requests marked by reset_for_retract (req.is_retracted)."""
         if (is_retracted or req.is_retracted) and self._radixflow is not None:
-            self._radixflow.forget(req.rid)
+            self._radixflow.records.forget(req.rid)
         return super()._add_request_to_queue(req, is_retracted)
 '''
 # The Scheduler methods RadixFlowScheduler replaces (anything else is SGLang's own).

@@ -64,7 +64,7 @@ def test_a_pinned_overhead_prices_every_round_whatever_the_periods_measure():
     assert est.decision_coeffs.alpha == pytest.approx(est.coeffs.alpha + 0.02)
     rt = RadixFlowRuntime(RadixFlowConfig(round_overhead_ms=20), Grid(Layout.FULL, 1), False)
     rt.use_prior(GENERIC_PRIOR)  # NOTE: a restarted fit keeps the pin
-    assert rt.cost.wall_s == 0.02 and rt._round_host_s() == 0.0
+    assert rt.cost.wall_s == 0.02 and rt.roundcost.host_s() == 0.0
 
 
 # --- the scheduler's hooks, on SGLang's Scheduler class with a stub worker ------------------
@@ -145,7 +145,7 @@ def test_the_loop_feeds_each_prefill_rounds_period_with_its_forward(tmp_path):
     assert [e["duration_s"] for e in fwd] == [0.005] * 6  # the fit's: the simulated time
     assert fwd[-1]["wall_s"] == pytest.approx(0.025)
     assert rt.cost.decision_coeffs.alpha == pytest.approx(rt.cost.coeffs.alpha + 0.025)
-    assert rt._round_host_s() == 0.0  # NOTE: in the fixed cost now, not added twice
+    assert rt.roundcost.host_s() == 0.0  # NOTE: in the fixed cost now, not added twice
 
 
 # --- rank agreement -----------------------------------------------------------------------
@@ -162,14 +162,14 @@ def _period_ranks(rank: int, port: int, out) -> None:
     with gloo_pair(rank, port) as calls:
         rt = RadixFlowRuntime(RadixFlowConfig(policy="radixflow"), Grid(Layout.FULL, 1), False,
                               clock=lambda: 100.0 + rank)
-        rt.share_forward = forward_share(dist.group.WORLD)
+        rt.roundcost.share_forward = forward_share(dist.group.WORLD)
         # NOTE: each rank's clock measured slightly different forwards and periods
         for k in range(4):
             period = math.nan if k == 0 else 0.030 + 0.01 * rank + 0.001 * k
             rt.observe_forward(1, 16, 0.005 + 0.002 * rank, 0.001,
                                (period, 0.005 + 0.002 * rank))
         c = rt.cost.decision_coeffs
-        out[rank] = (rt.cost.wall_s, c.alpha, c.beta, rt.agreed_now, calls[0])
+        out[rank] = (rt.cost.wall_s, c.alpha, c.beta, rt.roundcost.agreed_now, calls[0])
 
 
 def test_tp_ranks_agree_on_the_rounds_wall_period_in_the_forwards_broadcast():

@@ -193,7 +193,8 @@ def test_a_short_wait_does_not_take_the_chunk_slot_from_a_long_document(make_kit
         k.submit(*question(k, "r", 280, 1000))
         if later:
             k.submit(*question(k, "q", 2900, 20_000))
-        k.runtime.arrival_rate = 32.0  # NOTE: the rate the wait rule reads (agreed per forward)
+        # NOTE: the rate the wait rule reads (agreed per forward)
+        k.runtime.roundcost.arrival_rate = 32.0
         k.drain()
         assert k.leaks() == NO_LEAK
         return [(r.rids, r.chunked) for r in k.rounds if r.mode == "prefill"], tokens(k.rounds)

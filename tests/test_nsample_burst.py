@@ -166,7 +166,7 @@ def _retries_then_distinct(share: bool) -> list[int]:
     if share:
         (ns,) = lr._admits
         assert lr.repeat_share(ns) == pytest.approx(2 / 43)  # NOTE: 2 retries of 43 admitted
-        assert kit.runtime.boundary_reasons[Reason.CUT_UNPAID] > 0
+        assert kit.runtime.report.boundary_reasons[Reason.CUT_UNPAID] > 0
     return cuts
 
 

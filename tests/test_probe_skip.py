@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from radixflow_sglang.adapter import runtime as runtime_mod
+from radixflow_sglang.adapter import quiet as quiet_mod
 from radixflow_sglang.core.cost import (
     CostCoeffs,
     RoundView,
@@ -143,7 +143,7 @@ def _run(make_kit, policy: str, skip: bool, monkeypatch, overlap: bool = False):
             m.setattr(Traversal, "recomputes_unprobed", lambda *a, **k: False)
         # NOTE: this queue would scan quietly (tests/test_quiet_scan.py): the probe skip is
         # what a scan that is not quiet does with such a group
-        m.setattr(runtime_mod, "never_waits", lambda *a, **k: False)
+        m.setattr(quiet_mod, "never_waits", lambda *a, **k: False)
         k = make_kit("qwen3.5-4b", "extra_buffer", policy, overlap=overlap)
         k.runtime.use_prior(CostCoeffs(0.25, 1.7e-5, 1.24e-4))  # recomputing wins
         doc = list(range(1000, 1400))

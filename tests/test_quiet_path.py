@@ -44,7 +44,7 @@ def test_the_first_visit_of_an_idle_scan_is_quiet_the_rest_are_not(make_kit) -> 
     assert rt.quiet_visits == 1
     assert rt.stats.visited == 3
     # C shares A's document: A (admitted this scan) is moved to publish at the fork, C parks
-    assert set(k.rounds[-1].rids) == {"A", "B"} and k.runtime.parked() == ["C"]
+    assert set(k.rounds[-1].rids) == {"A", "B"} and k.runtime.records.parked() == ["C"]
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -60,7 +60,7 @@ def test_a_request_a_live_producer_blocks_never_takes_the_quiet_path(make_kit, o
         k.submit(k.req("P", DOC + [1] * 40), k.req("A", DOC + [2] * 40))
     before = k.runtime.quiet_visits
     k.step()
-    assert "A" in k.runtime.parked() and "A" not in k.rounds[-1].rids
+    assert "A" in k.runtime.records.parked() and "A" not in k.rounds[-1].rids
     assert k.runtime.quiet_visits == before + (0 if overlap else 1)  # P's visit alone
 
 

@@ -155,7 +155,7 @@ def test_a_short_question_scans_quietly_and_admits_what_stock_admits(make_kit) -
         if policy == "radixflow":
             assert k.last_scan.quiet and k.runtime.stats.quiet
             assert k.runtime.summary()["quiet_scans"] == 1
-            assert k.runtime.parked() == []
+            assert k.runtime.records.parked() == []
     assert rounds["radixflow"] == rounds["stock"]
 
 
@@ -167,7 +167,7 @@ def test_a_long_shared_document_keeps_the_hooks_on(make_kit) -> None:
     k.step()
     assert not k.last_scan.quiet and not k.runtime.stats.quiet
     assert k.runtime.summary()["quiet_scans"] == 0
-    assert k.runtime.parked()  # its siblings wait for the first one's document state
+    assert k.runtime.records.parked()  # its siblings wait for the first one's document state
 
 
 def test_a_trace_numbers_quiet_and_traversal_rounds_by_one_count(make_kit, tmp_path) -> None:
@@ -187,7 +187,7 @@ def test_a_trace_numbers_quiet_and_traversal_rounds_by_one_count(make_kit, tmp_p
     assert k.runtime.stats.quiet
     k.submit(*_question(k, "d", list(range(10_000, 16_000))))
     k.step()
-    assert not k.runtime.stats.quiet and k.runtime.parked()
+    assert not k.runtime.stats.quiet and k.runtime.records.parked()
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     rounds = [(e["round"], e["quiet"]) for e in events if e["event"] == "round"]
     assert rounds == [(1, True), (2, False)]
@@ -195,7 +195,7 @@ def test_a_trace_numbers_quiet_and_traversal_rounds_by_one_count(make_kit, tmp_p
     assert decided == {2}
 
 
-# --- unshared scans (`RadixFlowRuntime._sharing`, rule `unshared_scan`) ----------------------
+# --- unshared scans (adapter/quiet.py `sharing`, rule `unshared_scan`) -----------------------
 
 
 def _stream(rng: random.Random, k, steps: int, system: list[int] = ()) -> list[list]:
@@ -304,7 +304,7 @@ def test_unshared_scans_keep_the_chain_cache_bounded(make_kit) -> None:
     assert len(k.runtime.traversal.chains) <= k.runtime.traversal.chains.keep + 1
 
 
-# --- covered scans (`RadixFlowRuntime._covered`, rule `covered_scan`) -------------------------
+# --- covered scans (adapter/quiet.py `covered`, rule `covered_scan`) --------------------------
 
 
 @pytest.mark.parametrize("layout,overlap", [("extra_buffer", True), ("extra_buffer", False),

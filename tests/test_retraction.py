@@ -39,7 +39,7 @@ def test_a_retracted_consumer_forgets_its_park_history(make_kit, model, layout,
 
     def seen(req) -> None:  # NOTE: runs after the scheduler re-queued it
         rt = k.runtime
-        at_retraction.setdefault(req.rid, (req.rid in rt.parked_rounds(),
+        at_retraction.setdefault(req.rid, (req.rid in rt.records.parked_rounds(),
                                            rt.traversal.waits.may_park(req.rid)))
 
     k.on_retract = seen
@@ -47,7 +47,7 @@ def test_a_retracted_consumer_forgets_its_park_history(make_kit, model, layout,
     k.submit(k.req("P", DOC + toks(5000, 100), max_new_tokens=4),
              k.req("A", DOC + toks(6000, 300), max_new_tokens=4))
     r1 = k.step()
-    assert r1.rids == ["P"] and k.runtime.parked_rounds() == {"A": 1}  # A waited for P
+    assert r1.rids == ["P"] and k.runtime.records.parked_rounds() == {"A": 1}  # A waited for P
     k.drain()
     assert "A" in at_retraction  # the consumer was retracted, and re-queued
     assert at_retraction["A"] == (False, True)  # no stale history: a fresh wait bound
@@ -69,14 +69,14 @@ def test_the_harness_requeues_a_retracted_request_through_the_scheduler(make_kit
         if rnd is not None and "A" in rnd.rids:
             break
     assert rnd is not None and "A" in rnd.rids and k.runtime.totals.parked_max_rounds == 2
-    assert "A" not in k.runtime.parked_rounds()  # selection ends its wait history
+    assert "A" not in k.runtime.records.parked_rounds()  # selection ends its wait history
     h.retract(next(r for r in h.retractable() if r.rid == "A"))
     for _ in range(10):
         h.step()
         if any(r.rid == "A" for r in k.sched.waiting_queue):
             break
     assert [r.rid for r in k.sched.waiting_queue] == ["A"]
-    assert "A" not in k.runtime.parked_rounds()  # re-queued as a new candidate
+    assert "A" not in k.runtime.records.parked_rounds()  # re-queued as a new candidate
     h.drain(max_steps=100)
     assert not h.violations, h.violations.examples
     assert h.finish() == NO_LEAK

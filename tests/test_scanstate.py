@@ -1,17 +1,18 @@
 """Per-scan state has one owner (adapter/scanstate.py): every scan starts from a fresh
-ScanState, so nothing one scan learnt (its producers, fork cut, released rows, deferred
+Scan, so nothing one scan learnt (its producers, fork cut, released rows, deferred
 newcomers, queue view, decision counts) reaches the next. On SGLang's real classes (the kit)."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 
-from radixflow_sglang.adapter.scanstate import ScanState
+from radixflow_sglang.adapter.scanstate import Scan
 from radixflow_sglang.config import RadixFlowConfig
 from radixflow_sglang.testing.fixtures import toks
 
 DOC = toks(1000, 2000)
-SET_AT_BEGIN = {"round", "sched", "stats", "quiet", "chunk"}  # begin_scan's own inputs
+# NOTE: begin_scan's own inputs
+SET_AT_BEGIN = {"round", "sched", "requests", "cost", "stats", "quiet", "walk", "chunk"}
 
 
 def test_every_scan_begins_from_a_fresh_state(make_kit):
@@ -23,8 +24,8 @@ def test_every_scan_begins_from_a_fresh_state(make_kit):
     def begin(sched, adder):
         real(sched, adder)
         seen.append(rt.scan)
-        fresh = ScanState()
-        left = {f.name for f in fields(ScanState) if f.name not in SET_AT_BEGIN
+        fresh = Scan()
+        left = {f.name for f in fields(Scan) if f.name not in SET_AT_BEGIN
                 and getattr(rt.scan, f.name) != getattr(fresh, f.name)}
         assert left == set(), left
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from radixflow_sglang.adapter import runtime as runtime_mod
+from radixflow_sglang.adapter.scanstate import Scan
 from radixflow_sglang.core.cost import (
     RoundView,
     WaitCase,
@@ -111,7 +111,7 @@ def test_kit_questions_arriving_together_run_together(make_kit, monkeypatch, gua
     k = make_kit("qwen3.5-27b", "no_buffer", "radixflow")
     k.runtime.use_prior(cost_with("qwen3.5-27b", alpha_ms=200))
     if not guard:
-        monkeypatch.setattr(runtime_mod.RadixFlowRuntime, "_older_by", lambda *a: math.inf)
+        monkeypatch.setattr(Scan, "older_by", lambda *a: math.inf)
     k.submit(*_question(k, "a", 1), *_question(k, "b", 2))
     k.drain()
     rounds = [sorted(r.rids) for r in k.rounds if r.mode == "prefill"]
@@ -127,7 +127,7 @@ def test_kit_stamps_read_the_agreed_clock(make_kit):
     forward time), not this rank's clock when it was first scanned."""
     k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow")
     rt = k.runtime
-    rt.share_forward = lambda *v: (v[0], 7.0, *v[2:])  # NOTE: rank 0's clock read 7.0
+    rt.roundcost.share_forward = lambda *v: (v[0], 7.0, *v[2:])  # NOTE: rank 0's clock read 7.0
     k.clock.now = 3.0
     k.submit(*_question(k, "a", 1))
     k.step()
@@ -135,7 +135,7 @@ def test_kit_stamps_read_the_agreed_clock(make_kit):
     k.submit(*_question(k, "b", 2, n=6000))  # NOTE: a long document: queued past this round
     k.clock.now = 9.5
     k.step()
-    assert rt.agreed_now == 7.0
+    assert rt.roundcost.agreed_now == 7.0
     stamps = {rs.stamp for rid, rs in rt.requests.items() if rid.startswith("b")}
     assert stamps == {7.0}  # NOTE: b1-b3 wait for b0's document: still registered
 

@@ -665,10 +665,10 @@ def test_selection_drops_what_only_a_queued_request_reads(make_kit):
     k.submit(k.req("P", DOC + toks(5000, 100)), k.req("A", DOC + toks(6000, 120)))
     assert k.step().rids == ["P"]
     rt = k.runtime
-    assert rt.traversal.waits.total_rounds == {"A": 1} and rt._records() == 2
+    assert rt.traversal.waits.total_rounds == {"A": 1} and rt.records.count() == 2
     assert [r.rid for r in k.scan().reqs] == ["A"]  # selected, not completed
-    assert rt.traversal.waits.total_rounds == {} and rt._records() == 0
-    assert "A" not in rt.boundary._hashes and not rt.frag_deferred
+    assert rt.traversal.waits.total_rounds == {} and rt.records.count() == 0
+    assert "A" not in rt.boundary._hashes and not rt.records.frag_deferred
 
 
 def test_pruning_drops_the_records_of_requests_gone_unseen(make_kit):
@@ -681,8 +681,8 @@ def test_pruning_drops_the_records_of_requests_gone_unseen(make_kit):
     assert "P" in rt.requests
     k.sched.waiting_queue.clear()  # gone unseen: no abort hook ran
     k.submit(k.req("Q", toks(70_000, 200)))
-    rt._prune(k.sched)
-    assert "P" not in rt.requests and rt._records() == 0  # Q is not registered yet
+    rt.records.sweep(k.sched.waiting_queue, whole=True)
+    assert "P" not in rt.requests and rt.records.count() == 0  # Q is not registered yet
     assert [r.rid for r in k.sched.waiting_queue] == ["Q"]  # the queue itself is untouched
 
 
@@ -746,7 +746,7 @@ def test_frag_defers_exactly_the_stateless_fragments_sglang_would_cut(make_kit, 
             case = (left, b_len, native.rids, native.extend, frag.rids)
             if fragment:
                 assert frag.rids == [r for r in native.rids if r != "b"], case
-                assert k.runtime.frag_deferred == {"b": 1}, case
+                assert k.runtime.records.frag_deferred == {"b": 1}, case
                 assert [r.rid for r in k.sched.waiting_queue] == ["b"], case
             else:
                 assert frag.rids == native.rids and frag.extend == native.extend, case

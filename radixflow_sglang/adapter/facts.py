@@ -94,7 +94,7 @@ class VisitFacts:
     @property
     def blocked_unready(self) -> bool:
         if self.adder.new_chunked_req is not None and self.rt.scan.fork_chunk is None:
-            self.t.fork_slots = 0  # NOTE: a native chunk took SGLang's one chunk slot first
+            self.rt.scan.walk.fork_slots = 0  # NOTE: a native chunk took SGLang's one slot first
         if self.req.is_dllm():
             return True  # NOTE: no matchable length without the probe: ask it
         self.c0 = Candidate(self.req.rid, self.ns, self.tokens, 0, self._max_prefix())
@@ -149,9 +149,9 @@ class VisitFacts:
         """The view the first of a sibling group decides with: its siblings counted, and with
         no_buffer the chunk slot's price when its wait makes the scan's fork cut."""
         rt, b = self.rt, self.b
-        sib = rt._siblings(self.req, self.tokens, self.t.group_depth(b), self.sibs)
-        view = rt._view(self.req, self.adder, sib, b.producer)
-        self.view = slot.priced(rt, rt._scan_view(), self.sched, self.req, b, view)
+        sib = rt.scan.siblings(self.req, self.tokens, self.t.group_depth(b), self.sibs)
+        view = rt.scan.round_view(self.req, self.adder, sib, b.producer)
+        self.view = slot.priced(rt, rt.scan.queue_view(), self.sched, self.req, b, view)
         return self.view
 
     # --- the decision applied -----------------------------------------------------------------
@@ -189,19 +189,19 @@ class VisitFacts:
         rt, t = self.rt, self.t
         verdict = self.wait.outcome(why)
         self.b = b = t.placed(self.cand, self.b)
-        if rt._trace is not None:
+        if rt.trace.on:
             # NOTE: a sibling that followed its group's verdict priced nothing: the trace shows
             # the view it would have been priced with, siblings and slot aside
-            view = self.view or rt._view(self.req, self.adder, 0, b.producer)
-            rt._emit({"event": "decide", "round": rt.round, "rid": self.req.rid,
-                      "producer": b.producer, "ready": b.ready, "depth": b.depth,
-                      "length": len(self.tokens), "fork": b.fork, "wait": verdict.wait,
-                      "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
-                      "tail": verdict.tail,
-                      "view": view.__dict__,
-                      "probed": True, "reason": verdict.reason})
+            view = self.view or rt.scan.round_view(self.req, self.adder, 0, b.producer)
+            rt.trace.emit({"event": "decide", "round": rt.round, "rid": self.req.rid,
+                           "producer": b.producer, "ready": b.ready, "depth": b.depth,
+                           "length": len(self.tokens), "fork": b.fork, "wait": verdict.wait,
+                           "wait_s": verdict.wait_s, "recompute_s": verdict.recompute_s,
+                           "tail": verdict.tail,
+                           "view": view.__dict__,
+                           "probed": True, "reason": verdict.reason})
         if verdict.wait:
-            rt._scan_view().parked(len(self.tokens) - b.depth)
+            rt.scan.queue_view().parked(len(self.tokens) - b.depth)
 
 
 class DeferFacts:
@@ -244,4 +244,4 @@ class DeferFacts:
 
     @property
     def frag_spent(self) -> bool:
-        return self.rt.frag_deferred.get(self.req.rid, 0) >= self.rt.cfg.frag_cap
+        return self.rt.records.frag_deferred.get(self.req.rid, 0) >= self.rt.cfg.frag_cap

@@ -90,3 +90,11 @@ def release_parked(sched: Scheduler, req: Req) -> None:
     if req.kv.holds_mamba and not getattr(req, "session", None):
         sched.tree_cache.req_to_token_pool.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
         req.kv.mamba_pool_idx = None
+
+
+def inflight_reqs(sched: Scheduler):
+    """The requests of extend batches whose results are not processed yet (overlap loop),
+    retracted ones left out."""
+    for batch, _ in getattr(sched, "result_queue", ()):
+        if batch.forward_mode.is_extend():
+            yield from (r for r in batch.reqs if not r.is_retracted)

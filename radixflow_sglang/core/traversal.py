@@ -15,7 +15,7 @@ waiting adds less summed latency than recomputing its gain now (`decide`, core/c
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .cost import (
     CostCoeffs,
@@ -59,57 +59,76 @@ class Candidate:
     max_prefix: int  # matchable length: input length - 1
 
 
+@dataclass
+class TraversalRound:
+    """What the traversal knows for one round (one scan with its hooks on): `begin_round`
+    builds a fresh one, so nothing of it is reset by hand. The adapter's scan owns it
+    (adapter/scanstate.py `Scan.walk`); the traversal keeps the last one for `forget` and
+    for the next round's `committed`."""
+
+    index: ProducerIndex  # the live producers: in flight, then admitted this round
+    stats: RoundStats
+    fork_slots: int = 0  # producers that may still be moved this round (no_buffer: 1)
+    inflight: set[str] = field(default_factory=set)  # producers launched in an earlier round
+    # NOTE: rid -> producer of a wait decided over a publish lag of 2 (overlap): decided
+    # last round / this round. The next visit keeps it (its cost was counted whole).
+    committed: dict[str, str] = field(default_factory=dict)
+    committing: dict[str, str] = field(default_factory=dict)
+    # NOTE: (namespace, ready, group depth, hash of the prefix to it) -> this round's verdict
+    # for that sibling group (not keyed by producer: a sibling that recomputed becomes a
+    # producer of the same depth for the next one)
+    groups: dict[tuple, Verdict] = field(default_factory=dict)
+    last_group: tuple | None = None  # ((rid, Blocking), key): `Traversal._group`'s last answer
+    # NOTE: sibling groups (key less the ready prefix) this round waited for / recomputed
+    # without a probe (`recomputes_unprobed`): a later sibling follows either
+    group_waits: set[tuple] = field(default_factory=set)
+    unprobed: set[tuple] = field(default_factory=set)
+    marked: dict[tuple, Blocking] = field(default_factory=dict)  # group -> its mark's Blocking
+
+
 class Traversal:
     def __init__(self, cfg: TraversalConfig) -> None:
         self.cfg = cfg
         block = min(64, cfg.theta)
         self.chains = TokenChains(block)  # NOTE: a request's hash chain, kept across rounds
-        self.index = ProducerIndex(block, self.chains)
         self.waits = WaitSet(cfg.max_park_rounds)
         self.round = 0
-        self.stats = RoundStats(0)
-        self.fork_slots = 0  # producers that may still be moved this round (no_buffer: 1)
-        self._inflight: set[str] = set()  # producers launched in an earlier round
-        # NOTE: rid -> producer of a wait decided over a publish lag of 2 (overlap): decided
-        # last round / this round. The next visit keeps it (its cost was counted whole).
-        self._committed: dict[str, str] = {}
-        self._committing: dict[str, str] = {}
-        # NOTE: (namespace, ready, group depth, hash of the prefix to it) -> this scan's verdict
-        # for that sibling group (not keyed by producer: a sibling that recomputed becomes a
-        # producer of the same depth for the next one)
-        self._groups: dict[tuple, Verdict] = {}
-        self._last_group: tuple | None = None  # ((rid, Blocking), key): `_group`'s last answer
-        # NOTE: sibling groups (key less the ready prefix) this scan waited for / recomputed
-        # without a probe (`recomputes_unprobed`): a later sibling follows either
-        self._group_waits: set[tuple] = set()
-        self._unprobed: set[tuple] = set()
-        self._marked: dict[tuple, Blocking] = {}  # group -> the Blocking at its mark it took
+        self.now = TraversalRound(ProducerIndex(block, self.chains), RoundStats(0))
+
+    # NOTE: the current round's, read by the adapter and the tests
+    @property
+    def index(self) -> ProducerIndex:
+        return self.now.index
+
+    @property
+    def stats(self) -> RoundStats:
+        return self.now.stats
+
+    @property
+    def fork_slots(self) -> int:
+        return self.now.fork_slots
 
     # --- round lifecycle -------------------------------------------------------------------
-    def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> RoundStats:
-        """Start a scan: producers are only the in-flight ones (results not processed yet)."""
+    def begin_round(self, inflight: Iterable[Producer], fork_slots: int) -> TraversalRound:
+        """Start a scan: producers are only the in-flight ones (results not processed yet);
+        a wait committed last round is kept this one."""
         self.round += 1
         self.chains.tick()
-        self.index = ProducerIndex(self.index.block, self.chains)
-        self._inflight = set()
+        now = TraversalRound(ProducerIndex(self.now.index.block, self.chains),
+                             RoundStats(self.round), fork_slots,
+                             committed=self.now.committing)
         for p in inflight:
             p.movable = False
-            self.index.add(p)
-            self._inflight.add(p.rid)
-        self.fork_slots = fork_slots
-        self._committed, self._committing = self._committing, {}
-        self._groups = {}
-        self._last_group = None
-        self._group_waits, self._unprobed = set(), set()
-        self._marked = {}
-        self.stats = RoundStats(self.round)
-        return self.stats
+            now.index.add(p)
+            now.inflight.add(p.rid)
+        self.now = now
+        return now
 
     def end_round(self, selected: Iterable[str]) -> RoundStats:
         for rid in selected:
             self.waits.release(rid)
-        self.stats.wait_set = len(self.waits)
-        return self.stats
+        self.now.stats.wait_set = len(self.waits)
+        return self.now.stats
 
     # --- per request -----------------------------------------------------------------------
     def quiet(self) -> bool:
@@ -150,7 +169,7 @@ class Traversal:
             depth, fork = (g.fork_depth(p.prefix, p.extend, reach) or 0), False
         elif p.publish is not None and p.publish <= reach:
             depth, fork = p.publish, False
-        elif p.movable and (p.forked or self.fork_slots > 0):
+        elif p.movable and (p.forked or self.now.fork_slots > 0):
             depth, fork = g.fork_depth(p.prefix, p.extend, reach), True
             if depth is None or (g.layout is Layout.EXTRA_BUFFER and depth - p.prefix < g.size):
                 return None
@@ -179,8 +198,9 @@ class Traversal:
     def _group(self, c: Candidate, b: Blocking) -> tuple:
         # NOTE: asked twice per candidate (the runtime's sibling count, then `decide`): the
         # prefix is hashed once (a request's tokens do not change within a scan)
-        if self._last_group is not None and self._last_group[0] == (c.rid, b):
-            return self._last_group[1]
+        last = self.now.last_group
+        if last is not None and last[0] == (c.rid, b):
+            return last[1]
         d = self.group_depth(b)
         # NOTE: the prefix's hash is its cached chain's key at d (d is a whole number of blocks
         # when it is past the ready prefix, as Blocked needs: gain >= theta >= block)
@@ -189,14 +209,14 @@ class Traversal:
         else:
             h = hash(tuple(c.tokens[:d]))
         key = (c.namespace, b.ready, d, h)
-        self._last_group = ((c.rid, b), key)
+        self.now.last_group = ((c.rid, b), key)
         return key
 
     def group_verdict(self, c: Candidate, b: Blocking) -> Verdict | None:
         """The verdict this scan already gave a sibling of `c` (same namespace and ready prefix,
         the same tokens to the group depth), None for the group's first candidate (it needs
         `RoundView.siblings`)."""
-        return self._groups.get(self._group(c, b))
+        return self.now.groups.get(self._group(c, b))
 
     def decide(self, c: Candidate, b: Blocking, view: RoundView, cost: CostCoeffs) -> Verdict:
         """Cost-aware rule: does waiting for `b` add less summed latency than recomputing?
@@ -213,11 +233,12 @@ class Traversal:
         (`group_wait_wins`, `view()` asked only then), which the rest follow. An in-flight
         producer publishes after this round (lag 1); one admitted in this scan after `cfg.lag`
         rounds."""
-        v = self._groups.get(key)
+        now = self.now
+        v = now.groups.get(key)
         if v is not None:
             return v
         rv = view()
-        v = self._groups[key] = group_wait_wins(cost, self._case(c, b, lag), rv)
+        v = now.groups[key] = group_wait_wins(cost, self._case(c, b, lag), rv)
         if v.wait and b.mark is not None:
             # NOTE: the fork's verdict decides; the cut moves to the mark only where the
             # group still waits for it (a smaller gain, a longer rest: a marginal wait at
@@ -226,9 +247,9 @@ class Traversal:
             vm = group_wait_wins(cost, self._case(c, m, lag), rv)
             if vm.wait:
                 at = self._group(c, m)
-                self._groups[at] = vm
-                self._group_waits.add(_unready(at))
-                self._marked[key] = m
+                now.groups[at] = vm
+                now.group_waits.add(_unready(at))
+                now.marked[key] = m
                 v = vm
         return v
 
@@ -237,7 +258,8 @@ class Traversal:
         (`decide`), else at the fork."""
         if b.mark is None:
             return b
-        return self._marked.get(self._group(c, b), Blocking(b.producer, b.depth, b.ready, b.fork))
+        return self.now.marked.get(self._group(c, b),
+                                   Blocking(b.producer, b.depth, b.ready, b.fork))
 
     def _case(self, c: Candidate, b: Blocking, lag: int) -> WaitCase:
         p = self.index.get(b.producer)
@@ -264,20 +286,20 @@ class Traversal:
         follows a probed sibling's verdict)."""
         if not (self.cfg.cost_aware and blockings):
             return False
-        groups = []
+        groups, now = [], self.now
         for b in blockings:
-            if self._committed.get(c.rid) == b.producer and b.producer in self._inflight:
+            if now.committed.get(c.rid) == b.producer and b.producer in now.inflight:
                 return False
             g = _unready(self._group(c, b))
-            if g in self._group_waits:
+            if g in now.group_waits:
                 return False
             groups.append(g)
-            if g in self._unprobed:
+            if g in now.unprobed:
                 continue
-            lag = 1 if b.producer in self._inflight else self.cfg.lag
+            lag = 1 if b.producer in now.inflight else self.cfg.lag
             if not recomputes_at_every_ready(cost, self._case(c, b, lag), view(b)):
                 return False
-        self._unprobed.update(groups)
+        now.unprobed.update(groups)
         return True
 
     def park(self, c: Candidate, b: Blocking) -> None:
@@ -286,24 +308,24 @@ class Traversal:
         assert p is not None
         if b.fork and (p.publish is None or b.depth < p.publish):
             if not p.forked:
-                self.fork_slots -= 1
+                self.now.fork_slots -= 1
                 p.forked = True
-                self.stats.forks += 1
+                self.now.stats.forks += 1
             p.publish = b.depth
         p.consumers.append(c.rid)
         self.waits.park(c.rid, self.round, b.producer, b.depth)
-        self.stats.blocked += 1
+        self.now.stats.blocked += 1
 
     def admitted(self, p: Producer) -> None:
         """A request the native admission selected becomes a producer for later candidates."""
         self.waits.release(p.rid)
-        self.index.add(p)
+        self.now.index.add(p)
 
     def forget(self, rid: str) -> None:
         self.waits.forget(rid)
-        self._committed.pop(rid, None)
-        self._committing.pop(rid, None)
-        self.index.remove(rid)
+        self.now.committed.pop(rid, None)
+        self.now.committing.pop(rid, None)
+        self.now.index.remove(rid)
         self.chains.forget(rid)
 
 
@@ -319,13 +341,13 @@ class WaitFacts:
     def __init__(self, t: Traversal, c: Candidate, b: Blocking, view: Callable[[], RoundView],
                  cost: CostCoeffs) -> None:
         self.t, self.c, self.b, self.view, self.cost = t, c, b, view, cost
-        self.lag = 1 if b.producer in t._inflight else t.cfg.lag
+        self.lag = 1 if b.producer in t.now.inflight else t.cfg.lag
         self._verdict: Verdict | None = None
 
     @property
     def committed(self) -> bool:
-        t = self.t
-        return t._committed.get(self.c.rid) == self.b.producer and self.b.producer in t._inflight
+        now = self.t.now
+        return now.committed.get(self.c.rid) == self.b.producer and self.b.producer in now.inflight
 
     @property
     def bound_would_cut(self) -> bool:
@@ -335,10 +357,10 @@ class WaitFacts:
 
     @property
     def group_unprobed(self) -> bool:
-        t, key = self.t, self.t._group(self.c, self.b)
-        v = t._groups.get(key)
-        if v is None and _unready(key) in t._unprobed:  # NOTE: its group recomputed unprobed
-            v = t._groups[key] = Verdict(False, 0.0, 0.0, reason=Reason.GROUP_UNPROBED)
+        now, key = self.t.now, self.t._group(self.c, self.b)
+        v = now.groups.get(key)
+        if v is None and _unready(key) in now.unprobed:  # NOTE: its group recomputed unprobed
+            v = now.groups[key] = Verdict(False, 0.0, 0.0, reason=Reason.GROUP_UNPROBED)
         return v is not None and v.reason is Reason.GROUP_UNPROBED
 
     @property
@@ -348,9 +370,9 @@ class WaitFacts:
             v = self._verdict = t._group_verdict(self.c, self.b, key, self.lag, self.view,
                                                  self.cost)
             if v.wait:
-                t._group_waits.add(_unready(key))
+                t.now.group_waits.add(_unready(key))
                 if self.lag > 1:
-                    t._committing[self.c.rid] = self.b.producer
+                    t.now.committing[self.c.rid] = self.b.producer
         return self._verdict
 
     def outcome(self, why: Reason) -> Verdict:
@@ -361,7 +383,7 @@ class WaitFacts:
         if why in (Reason.COMMITTED_WAIT, Reason.BOUND_WOULD_CUT):
             return Verdict(why is Reason.COMMITTED_WAIT, 0.0, 0.0, reason=why)
         if why is Reason.GROUP_UNPROBED:
-            return self.t._groups[self.t._group(self.c, self.b)]
+            return self.t.now.groups[self.t._group(self.c, self.b)]
         return self.verdict
 
 

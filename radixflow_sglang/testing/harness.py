@@ -256,10 +256,10 @@ class Harness:
         rt = kit.runtime
         if rt is None:
             return
-        for rid in rt.parked():
+        for rid in rt.records.parked():
             if rid not in rids:
                 v.add("parked_not_waiting", f"step {self.steps}: {rid} parked, not queued")
-        for rid, n in rt.parked_rounds().items():  # every round it ever parked
+        for rid, n in rt.records.parked_rounds().items():  # every round it ever parked
             self.longest_wait_rounds = max(self.longest_wait_rounds, n)
             if n > self.park_bound:
                 v.add("park_bound", f"step {self.steps}: {rid} parked {n} rounds "
@@ -297,11 +297,11 @@ class Harness:
         if rt is not None:
             # NOTE: the kit tells the runtime nothing of completions (a server cannot): every
             # record must have ended with its request's selection or abort
-            kept = {owner: n for owner, n in rt.record_counts().items() if n}
+            kept = {owner: n for owner, n in rt.records.counts().items() if n}
             if kept:
                 v.add("stale_records", f"{kept}; requests {sorted(rt.requests)[:5]}, "
-                                       f"parked {rt.parked()[:5]}, "
-                                       f"history {sorted(rt.parked_rounds())[:5]}")
+                                       f"parked {rt.records.parked()[:5]}, "
+                                       f"history {sorted(rt.records.parked_rounds())[:5]}")
         leaks = self.kit.leaks()
         for kind, n in leaks.items():
             if n:
