@@ -27,7 +27,7 @@ The state is SGLang's own tracked state and SGLang's match decides every later r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixflow_sglang.core.boundary import BoundaryLearner, MarkerLearner, UsageRate, wants
@@ -163,7 +163,9 @@ class BoundaryPublisher:
         """The last `admitted` call's rules (the trace)."""
         return self.scan.decided
 
-    def begin_scan(self, queue=()) -> None:
+    def begin_scan(self, queue: Iterable[Req] = ()) -> None:
+        """A new scan over `queue` (SGLang's waiting queue as it begins): a fresh BoundaryScan;
+        the records of requests gone from a long queue are dropped now and then."""
         self.scan = BoundaryScan(self.scan.number + 1, queue, self.keys, self.grid.size)
         if len(self.keys) > 8 * len(self.scan.queue) + 4096:
             self.keys.keep_only(self.scan.rids)
@@ -175,7 +177,7 @@ class BoundaryPublisher:
             self.slot.end_scan(self.scan, run)
 
     def admitted(self, req: Req, tokens, ns, adder: PrefillAdder, cut_ok: bool,
-                 tree=None) -> int | None:
+                 tree: Any = None) -> int | None:
         """Publish `req`'s state at its boundary if one applies; returns the depth or None.
         `tokens`: its token ids; `cut_ok`: a cut may take SGLang's one chunk slot this scan;
         `tree`: the scheduler's tree cache (a fork's exact depth, for `MarkerLearner`).
@@ -188,7 +190,7 @@ class BoundaryPublisher:
         decision = self._decide(req, tokens, ns, adder, cut_ok, native_branch)
         return self._book(req, tokens, ns, adder, native_branch, decision)
 
-    def _learn(self, req: Req, tokens, ns, tree) -> None:
+    def _learn(self, req: Req, tokens, ns, tree: Any) -> None:
         """What this selected request's match teaches: the learner's event, a fork's exact
         depth, template pieces, and the published states and placements it resumes from."""
         prefix, branching = req.prefix_len, req.mamba_branching_seqlen
@@ -258,7 +260,8 @@ class BoundaryPublisher:
         return branching is not None and self.grid.layout is Layout.EXTRA_BUFFER and \
             self.grid.branch_ok(prefix, req.extend_end - prefix, branching)
 
-    def _observe_fork(self, req: Req, tokens, tree, prefix: int, branching: int | None) -> None:
+    def _observe_fork(self, req: Req, tokens, tree: Any, prefix: int,
+                      branching: int | None) -> None:
         """A request that leaves a cached path past its ready prefix: learn the text before
         its exact divergence depth (SGLang keeps only its grid floor: one more tree walk)."""
         if branching is None or branching <= prefix or tree is None:

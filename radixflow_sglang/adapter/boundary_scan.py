@@ -11,7 +11,7 @@ waits. A leaf: it imports nothing of ours but the pure core and the Req accessor
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, KeysView
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,8 @@ from .reqs import namespace, req_len, req_tokens
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    from radixflow_sglang.core.boundary import Marker
 
 SHARERS = 32  # NOTE: queued sharers a placement reads (a bound on a scan's LCP work)
 
@@ -58,7 +60,7 @@ class PrefixKeys:
     def keep_only(self, live: set[str]) -> None:
         self._by_rid = {k: v for k, v in self._by_rid.items() if k in live}
 
-    def rids(self):
+    def rids(self) -> KeysView[str]:
         return self._by_rid.keys()
 
     def __contains__(self, rid: object) -> bool:
@@ -96,7 +98,7 @@ class BoundaryScan:
     slot_keys: dict[tuple, None] = field(default_factory=dict)  # deferred for the slot, in order
     serving: set[tuple] = field(default_factory=set)  # keys published at their boundary
     selected: set[str] = field(default_factory=set)  # rids selected
-    fork_marks: dict[str, tuple[int, object]] = field(default_factory=dict)  # rid -> (d, marker)
+    fork_marks: dict[str, tuple[int, Marker]] = field(default_factory=dict)  # rid -> (d, marker)
     cut: Req | None = None  # the request cut at its boundary
     decided: Placement | None = None  # the last `admitted` call's rules (the trace)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from radixflow_sglang.core.boundary import (
     CONTINUATION,
     BoundaryLearner,
+    Marker,
     MarkerLearner,
     place,
     place_rule,
@@ -79,7 +80,7 @@ class PlacementTargets:
         self.declared = declared
         self.learner = learner
         self.markers = markers
-        self.chosen: dict = {}
+        self.chosen: dict[int, Marker] = {}
 
     def target(self, scan: BoundaryScan, req: Req, ns, prefix: int, extend: int,
                native_branch: bool, adder: PrefillAdder) -> tuple[Reason, int | None]:
@@ -191,7 +192,7 @@ class PlacementTargets:
         return place(prefix, native, points)
 
     def fork_mark(self, scan: BoundaryScan, req: Req, ns, prefix: int, extend: int,
-                  native_branch: bool) -> tuple[int, object] | None:
+                  native_branch: bool) -> tuple[int, Marker] | None:
         """no_buffer, nothing published: (the marker depth, template pieces included, where a
         fork cut would serve more than at the fork, its marker), or None (docs/design.md, "A
         cut the traversal makes anyway")."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from radixflow_sglang.core.boundary import BoundaryLearner, UsageRate, consumers
+from radixflow_sglang.core.boundary import BoundaryLearner, Marker, UsageRate, consumers
 from radixflow_sglang.core.grid import Grid
 from radixflow_sglang.core.reasons import Reason
 
@@ -61,7 +61,8 @@ class ReuseBook:
         # published or not: a learned cut's expected users, with evidence after declining
         self.placed = {r: UsageRate() for r in LEARNED_SOURCES}
         self.placements: dict[tuple, Placed] = {}  # key (ns, depth, prefix hash) -> record
-        self.marked: dict[tuple, tuple] = {}  # key -> (marker, siblings queued then)
+        # NOTE: key -> (marker, siblings queued then) of a state published after a marker
+        self.marked: dict[tuple, tuple[Marker, frozenset[str]]] = {}
         self.done: dict[tuple, None] = {}  # keys published at a boundary (bounded, ordered)
 
     # --- learn: a selected request's match ----------------------------------------------------
@@ -154,7 +155,7 @@ class ReuseBook:
         _bounded(self.placements)
 
     def published(self, scan: BoundaryScan, req: Req, tokens, ns, depth: int, source: str,
-                  marker) -> None:
+                  marker: Marker | None) -> None:
         """Book a state `req` publishes at `depth` (`source` counts it in `moved`; a `marker`
         watches its reuse)."""
         self.moved[source] += 1
@@ -167,7 +168,7 @@ class ReuseBook:
         _bounded(self.done)
 
     def _mark(self, scan: BoundaryScan, req: Req, tokens, depth: int, key: tuple,
-              marker) -> None:
+              marker: Marker) -> None:
         """Watch a state published after `marker`: used when a later request (not a sibling
         queued now) resumes from it."""
         sibs = frozenset(r.rid for r in scan.queue if r is not req

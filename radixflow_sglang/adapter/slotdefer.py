@@ -137,7 +137,7 @@ class SlotDeferral:
             self._extends.append((scan.number, [(namespace(r), req_tokens(r), r.extend_end)
                                                 for r in run]))
 
-    def rids(self):
+    def rids(self) -> set[str]:
         """Requests with a deferral kept across scans."""
         return self._defers.keys() | self._waits.keys()
 
