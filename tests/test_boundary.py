@@ -251,7 +251,7 @@ def chat_tokenizer(tmp_path_factory):
 
 
 def test_system_message_end_is_the_boundary(chat_tokenizer):
-    from radixflow_sglang.adapter.boundary import system_boundary, token_ids
+    from radixflow_sglang.adapter.chat import system_boundary, token_ids
 
     tok = chat_tokenizer
     system = {"role": "system", "content": "You are a careful assistant. " * 20}

@@ -1,8 +1,8 @@
-"""PLACE `queued_fork` (adapter/boundary.py `_queued_target`) on SGLang's real cache, pools, Req
-and scan (the kit): nothing declared, a burst whose token budget fills with each group's first
-request before its siblings are visited. The first publishes at the fork its queued siblings
-share (extra_buffer: moves its one tracked state; no_buffer: cuts there); they resume there
-instead of recomputing the prefix."""
+"""PLACE `queued_fork` (adapter/placement.py `PlacementTargets.queued`) on SGLang's real cache,
+pools, Req and scan (the kit): nothing declared, a burst whose token budget fills with each
+group's first request before its siblings are visited. The first publishes at the fork its
+queued siblings share (extra_buffer: moves its one tracked state; no_buffer: cuts there); they
+resume there instead of recomputing the prefix."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_a_shallow_fork_keeps_the_end_where_continuations_use_it(monkeypatch, co
     kit = Kit(KitConfig(model=MODEL, layout="extra_buffer", tokens=4 * G + 20),
               policy="radixflow", radixflow_config=RadixFlowConfig(policy="radixflow",
                                                                    boundaries="learned"))
-    monkeypatch.setattr(kit.runtime.boundary, "_continuations", lambda ns: continued)
+    monkeypatch.setattr(kit.runtime.boundary.targets, "continuations", lambda ns: continued)
     head = rand(G + 10)
     kit.submit(kit.req("a", head + rand(3 * G + 5)), kit.req("b", head + rand(3 * G + 5)))
     kit.drain()

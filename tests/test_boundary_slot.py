@@ -159,7 +159,7 @@ def _whole_burst(groups: int, ahead: bool, monkeypatch) -> tuple[list, list, dic
     rounds, the slot-deferral verdicts of the first scan as (groups ahead, verdict), and the
     round in which each request was first scheduled. `ahead` False: the rule without the
     groups ahead (one round per deferral, as before)."""
-    from radixflow_sglang.adapter import boundary as adapter_boundary
+    from radixflow_sglang.adapter import slotdefer as adapter_boundary
 
     G = grid_of()
     system = SYSTEM_UNITS * G + 10

@@ -7,8 +7,8 @@ anything, with decisions, rounds and exactness unchanged.
   visit counted) or taken wrongly (a request a live producer blocks is no longer parked).
 - `group_wait_wins` copies its records without `dataclasses.replace` (core/cost.py `_copy`):
   identical verdicts and sums, bit for bit.
-- A boundary key hashes the prefix's int64 bytes (adapter/boundary.py `_key`): one key per
-  token sequence whatever its container.
+- A boundary key hashes the prefix's int64 bytes (adapter/boundary_scan.py `prefix_key`): one
+  key per token sequence whatever its container.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_copy_is_replace() -> None:
 
 
 def test_a_boundary_key_is_the_same_for_a_list_and_an_array() -> None:
-    from radixflow_sglang.adapter.boundary import _key
+    from radixflow_sglang.adapter.boundary_scan import prefix_key as _key
 
     toks = _unique(3, 2000)
     arr = array("q", toks)

@@ -668,7 +668,7 @@ def test_selection_drops_what_only_a_queued_request_reads(make_kit):
     assert rt.traversal.waits.total_rounds == {"A": 1} and rt.records.count() == 2
     assert [r.rid for r in k.scan().reqs] == ["A"]  # selected, not completed
     assert rt.traversal.waits.total_rounds == {} and rt.records.count() == 0
-    assert "A" not in rt.boundary._hashes and not rt.records.frag_deferred
+    assert "A" not in rt.boundary.keys and not rt.records.frag_deferred
 
 
 def test_pruning_drops_the_records_of_requests_gone_unseen(make_kit):

@@ -67,7 +67,7 @@ def activate(cfg: RadixFlowConfig, origin: str, executor: str | None = None, *,
 
         install_drain(cfg.drain_timeout)
     if cfg.policy != "stock" and cfg.chat_boundary == "on" and wants(cfg.boundaries, "declared"):
-        from .boundary import install_chat
+        from .chat import install_chat
 
         install_chat()  # NOTE: chat requests declare their system message's end
     install(cfg.policy)

@@ -436,6 +436,25 @@ class MarkerLearner:
             return []
         # NOTE: its k-grams at C speed (zip stops at the shortest: tail[i:i + k] for each i)
         grams = frozenset(zip(*(tail[i:] for i in range(self.min_len)), strict=False))
+        pairs, index, related = self._runs_with_kept(tail, grams, namespace)
+        if related is not None:
+            return related
+        self._keep_tail(tail, namespace, grams, index)
+        touched: list[Marker] = []
+        for runs in pairs:
+            seen: set[int] = set()  # NOTE: a piece counts once per pair
+            for run in runs:
+                m = self._piece(run, seen)
+                if m is not None and all(m is not t for t in touched):
+                    touched.append(m)
+        return touched
+
+    def _runs_with_kept(self, tail: tuple[int, ...], grams: frozenset, namespace: Hashable,
+                        ) -> tuple[list[list[tuple[int, ...]]], dict | None,
+                                   list[Marker] | None]:
+        """`tail`'s common runs with each unrelated kept tail, newest first; `tail`'s k-gram
+        index if built; and, when a kept tail is related, what `infer` returns at once (its
+        cross-namespace fork's piece, or nothing), else None."""
         index = None
         pairs = []
         k = self.min_len
@@ -454,15 +473,26 @@ class MarkerLearner:
                 index = index or _kgram_index(tail, k)
                 runs = common_runs(tail, old, k, index, self._old_index(n), grams & kept)
             if runs is None:
-                if namespace is not None and space is not None and space != namespace:
-                    fork = shared_run_end(tail, old, k)
-                    if fork is not None:
-                        # NOTE: a guess, so a piece: extra_buffer moves its one state there
-                        # for free, no_buffer cuts there only where its traversal cuts anyway
-                        return [self._merge_suffix(self.pieces,
-                                                   tail[max(0, fork - self.span):fork])]
-                return []
+                return pairs, index, self._related(tail, old, space, namespace)
             pairs.append(runs)
+        return pairs, index, None
+
+    def _related(self, tail: tuple[int, ...], old: tuple[int, ...], space: Hashable,
+                 namespace: Hashable) -> list[Marker]:
+        """`tail` relates to kept tail `old`: no piece, unless they lie in different namespaces
+        and fork (then the text before the fork, merged as a piece)."""
+        if namespace is not None and space is not None and space != namespace:
+            fork = shared_run_end(tail, old, self.min_len)
+            if fork is not None:
+                # NOTE: a guess, so a piece: extra_buffer moves its one state there for free,
+                # no_buffer cuts there only where its traversal cuts anyway
+                return [self._merge_suffix(self.pieces, tail[max(0, fork - self.span):fork])]
+        return []
+
+    def _keep_tail(self, tail: tuple[int, ...], namespace: Hashable, grams: frozenset,
+                   index: dict | None) -> None:
+        """Keep `tail` (its namespace, k-grams and index) for later requests, the oldest
+        dropped past `keep`."""
         self._tails.append(tail)
         self._spaces.append(namespace)
         self._grams.append(grams)
@@ -472,14 +502,6 @@ class MarkerLearner:
             self._spaces.popleft()
             self._grams.popleft()
             self._index.popleft()
-        touched: list[Marker] = []
-        for runs in pairs:
-            seen: set[int] = set()  # NOTE: a piece counts once per pair
-            for run in runs:
-                m = self._piece(run, seen)
-                if m is not None and all(m is not t for t in touched):
-                    touched.append(m)
-        return touched
 
     def _old_index(self, n: int) -> dict:
         """Kept tail `n`'s k-gram index, built on first use."""

@@ -387,19 +387,19 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     latency recomputing adds (its whole extend delays what finishes with this round, its extra
     work what finishes later, and a binding budget pushes displaced work a round back). Pure,
     rank-identical inputs."""
-    e = case.length - case.ready  # extend if it runs now
-    e2 = case.length - case.depth  # extend after the wait
-    gain = case.depth - case.ready
-    extra = c.beta * gain + c.delta * (_pairs(case.ready, e) - _pairs(case.depth, e2))
-    fits_now = min(v.demand_after, v.budget_left)
-    fits_native = min(v.demand_after, max(v.budget_left - e, 0))
-    displaced = (fits_now - fits_native) / max(v.mean_extend, 1.0)
-    if v.rows_left <= 1 and v.demand_after > 0:
-        displaced = max(displaced, 1.0)  # NOTE: its row would go to the next request
     overflow = max(v.demand_after - v.budget_left, 0)
     over_rows = math.ceil(overflow / max(v.mean_extend, 1.0))
-    cut = 1 if case.cut_rest > 0 else 0
     nxt, wait_s = _wait_rounds(c, case, v, overflow, over_rows)
+    wait_s = _wait_extra(c, case, v, overflow, nxt, wait_s)
+    recompute_s = _recompute_cost(c, case, v, overflow, over_rows, nxt)
+    return Verdict(wait_s < recompute_s, wait_s, recompute_s)
+
+
+def _wait_extra(c: CostCoeffs, case: WaitCase, v: RoundView, overflow: int, nxt: float,
+                wait_s: float) -> float:
+    """`wait_s` (the candidate's own wait) plus what the wait adds to its tied producer and,
+    with a no_buffer fork cut, to the producer and the chunk slot."""
+    cut = 1 if case.cut_rest > 0 else 0
     if v.tied and not cut:
         # NOTE: a producer that finishes this round without a cut is credited its early finish
         # by the request sum; its question ends with the consumers, so the wait delays it too
@@ -414,6 +414,16 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         # NOTE: the cut holds SGLang's one chunk slot this round: a later group whose first
         # needed it for its own fork recomputes instead (docs/design.md, "The chunk slot")
         wait_s += v.slot_value
+    return wait_s
+
+
+def _recompute_cost(c: CostCoeffs, case: WaitCase, v: RoundView, overflow: int,
+                    over_rows: int, nxt: float) -> float:
+    """The summed latency recomputing now adds (`nxt`: the round after this one)."""
+    e = case.length - case.ready  # extend if it runs now
+    e2 = case.length - case.depth  # extend after the wait
+    gain = case.depth - case.ready
+    extra = c.beta * gain + c.delta * (_pairs(case.ready, e) - _pairs(case.depth, e2))
     # NOTE: under a backlog the extra work also delays every request arriving before the
     # backlog drains (a work-conserving server stays busy until then): a lower bound on the
     # busy period's arrivals, zero without overflow (docs/design.md, "Waiting under a backlog")
@@ -426,7 +436,7 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     here = v.rows + group_size(v)  # NOTE: the candidate and the siblings its rows can take
     full = _extend_cost(c, case.ready, e)
     recompute_s = (full * here + extra * (max(v.rows + v.behind - here, 0) + arriving)
-                   + displaced * nxt)
+                   + _displaced(case, v) * nxt)
     rest = e - v.budget_left
     if rest > 0:
         # NOTE: it does not fit what is left of the budget: recomputing chunks it, and it
@@ -436,7 +446,18 @@ def wait_wins(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
         recompute_s += spill + c.beta * max(rest - e2, 0)
         # NOTE: a tied producer's question then ends with the rest too (it waits either way)
         recompute_s += v.tied * spill
-    return Verdict(wait_s < recompute_s, wait_s, recompute_s)
+    return recompute_s
+
+
+def _displaced(case: WaitCase, v: RoundView) -> float:
+    """Queued requests (in mean extends) the candidate's extend pushes out of this round."""
+    e = case.length - case.ready
+    fits_now = min(v.demand_after, v.budget_left)
+    fits_native = min(v.demand_after, max(v.budget_left - e, 0))
+    displaced = (fits_now - fits_native) / max(v.mean_extend, 1.0)
+    if v.rows_left <= 1 and v.demand_after > 0:
+        displaced = max(displaced, 1.0)  # NOTE: its row would go to the next request
+    return displaced
 
 
 def _wait_rounds(c: CostCoeffs, case: WaitCase, v: RoundView, overflow: int,
@@ -505,31 +526,39 @@ def _group_verdict(c: CostCoeffs, case: WaitCase, v: RoundView) -> Verdict:
     k = group_size(v)
     if k == 1:
         return wait_wins(c, case, v)
-    e, e2 = case.length - case.ready, case.length - case.depth
+    e = case.length - case.ready
     run = _runs_now(k, e, v.budget_left)
     late = _late_cost(c, case, v, run, k) if run < k else 0.0
     wait_s = recompute_s = 0.0
     rest = _copy(case, cut_rest=0)
     for j in range(k):
-        cj = case if j == 0 else rest
-        dem = max(v.demand_after - j * case.length, 0)
-        # NOTE: the tied wait for the round that runs the whole group: the last sibling's
-        tied = v.tied if j == k - 1 and not case.cut_rest else 0
-        vw = _copy(v, demand_after=dem, parked_rows=v.parked_rows + j,
-                   parked_tokens=v.parked_tokens + j * e2, siblings=0, tied=tied)
-        w = wait_wins(c, cj, vw).wait_s
+        w, r = _sibling_costs(c, case if j == 0 else rest, v, j, k, run, late, case.cut_rest)
         wait_s += w
-        if j >= run:
-            recompute_s += w + late * (1 + tied)
-            continue
-        # NOTE: the siblings after j that the round takes recompute in it too (`siblings`:
-        # they finish with it), the ones before j are its rows
-        vr = _copy(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
-                   budget_left=max(v.budget_left - j * e, 0),
-                   rows_left=max(v.rows_left - j, 0), siblings=run - 1 - j,
-                   tied=tied if run == k else 0)
-        recompute_s += wait_wins(c, cj, vr).recompute_s
+        recompute_s += r
     return Verdict(wait_s < recompute_s, wait_s, recompute_s)
+
+
+def _sibling_costs(c: CostCoeffs, cj: WaitCase, v: RoundView, j: int, k: int, run: int,
+                   late: float, cut_rest: int) -> tuple[float, float]:
+    """(wait, recompute) latency of sibling `j` of a group of `k` (`cj`: its case; only the
+    first cuts), after the siblings before it made the same choice; `run`: the siblings a
+    recompute runs this round, `late`: what one it cannot take pays on top of its wait."""
+    e, e2 = cj.length - cj.ready, cj.length - cj.depth
+    dem = max(v.demand_after - j * cj.length, 0)
+    # NOTE: the tied wait for the round that runs the whole group: the last sibling's
+    tied = v.tied if j == k - 1 and not cut_rest else 0
+    vw = _copy(v, demand_after=dem, parked_rows=v.parked_rows + j,
+               parked_tokens=v.parked_tokens + j * e2, siblings=0, tied=tied)
+    w = wait_wins(c, cj, vw).wait_s
+    if j >= run:
+        return w, w + late * (1 + tied)
+    # NOTE: the siblings after j that the round takes recompute in it too (`siblings`: they
+    # finish with it), the ones before j are its rows
+    vr = _copy(v, demand_after=dem, rows=v.rows + j, behind=max(v.behind - j, 1),
+               budget_left=max(v.budget_left - j * e, 0),
+               rows_left=max(v.rows_left - j, 0), siblings=run - 1 - j,
+               tied=tied if run == k else 0)
+    return w, wait_wins(c, cj, vr).recompute_s
 
 
 def _runs_now(k: int, e: int, budget_left: int) -> int:
