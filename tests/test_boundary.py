@@ -184,7 +184,7 @@ def test_declared_boundary_state_is_the_tracked_one():
     """extra_buffer: the producer's one tracked state (mamba_last_track_seqlen) sits at the
     boundary's grid floor instead of its own end."""
     G = grid_of()
-    kit = make("radix", "declared", keep_end=False)
+    kit = make("radix", "declared")
     ids = list(range(1000, 1000 + 4 * G + 13))
     kit.submit(kit.req("p", ids, boundary=3 * G + 10))
     rounds = kit.drain()
@@ -361,38 +361,18 @@ def _turns(kit, G: int, system: int, repeat: bool):
 
 
 @pytest.mark.parametrize("repeat", [False, True])
-def test_moving_the_state_costs_a_continuation_its_tail_unless_the_end_is_kept(repeat):
+def test_moving_the_state_costs_a_continuation_its_tail(repeat):
     """extra_buffer keeps one state per extend: moved to the boundary, the next turn (or an
     exact repeat) resumes at the boundary instead of the first turn's end: it recomputes the
-    tail. keep_end cuts the extend at the boundary (one round more) and publishes both."""
+    tail (the price of the move; no rule keeps the end: `keep_end` went, issue 50)."""
     G = grid_of()
     system = 3 * G + 10
     stock = _turns(make("stock"), G, system, repeat)
-    moved = _turns(make("radix", "declared", keep_end=False), G, system, repeat)
-    kept_kit = make("radix", "declared", keep_end=True)
-    kept = _turns(kept_kit, G, system, repeat)
+    moved = _turns(make("radix", "declared"), G, system, repeat)
     end = (system + 2 * G + 7) // G * G
     assert stock[1][0] == end  # stock resumes at the first turn's end state
     assert moved[1][0] == 3 * G  # moved: at the boundary
     assert moved[1][1] - stock[1][1] == end - 3 * G  # the tail, recomputed
-    assert kept[1] == stock[1]  # kept: as stock
-    assert len([r for r in kept_kit.rounds if "t0" in r.rids]) == 2  # the price: one round
-    assert kept_kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
-
-
-def test_auto_keeps_the_end_when_the_tail_outweighs_a_round():
-    """keep_end=None (the default): cut only when recomputing the displaced tail costs more
-    than the extra round, with the runtime's round-cost fit."""
-    from radixflow_sglang.core.cost import CostCoeffs
-
-    G = grid_of()
-    system = 3 * G + 10
-    kit = make("radix", "declared")
-    kit.runtime.use_prior(CostCoeffs(alpha=1.0, beta=1e-6, gamma=0.0))  # rounds are dear
-    assert _turns(kit, G, system, False)[1][0] == 3 * G
-    kit = make("radix", "declared")
-    kit.runtime.use_prior(CostCoeffs(alpha=1e-6, beta=1.0, gamma=0.0))  # tokens are dear
-    assert _turns(kit, G, system, False)[1][0] == (system + 2 * G + 7) // G * G
 
 
 # --- the request field's validation (tokenizer manager: a 400 naming the field) ------------------
@@ -780,17 +760,15 @@ def figures() -> None:
                   f"{followers_without_hit(res)}/48  scheduled tokens {tokens} "
                   f"({tokens / base[0]:.3f}x)  rounds {len(kit.rounds)} "
                   f"({len(kit.rounds) / base[1]:.3f}x)", flush=True)
-        for keep in (None, False):
-            base = None
-            for name, policy, mode, pub, _ in arms[:1] + arms[2:]:
-                kit = make(policy, mode, layout, **pub,
-                           **({} if policy == "stock" else {"keep_end": keep}))
-                res = docs_with_turns(kit, 24)
-                tokens = sum(r[3] for r in res)
-                base = base or (tokens, len(kit.rounds))
-                print(f"docs+turns 24 groups {layout:12s} keep_end={keep!s:5s} {name:18s} "
-                      f"scheduled tokens {tokens} ({tokens / base[0]:.3f}x)  rounds "
-                      f"{len(kit.rounds)} ({len(kit.rounds) / base[1]:.3f}x)", flush=True)
+        base = None
+        for name, policy, mode, pub, _ in arms[:1] + arms[2:]:
+            kit = make(policy, mode, layout, **pub)
+            res = docs_with_turns(kit, 24)
+            tokens = sum(r[3] for r in res)
+            base = base or (tokens, len(kit.rounds))
+            print(f"docs+turns 24 groups {layout:12s} {name:18s} "
+                  f"scheduled tokens {tokens} ({tokens / base[0]:.3f}x)  rounds "
+                  f"{len(kit.rounds)} ({len(kit.rounds) / base[1]:.3f}x)", flush=True)
 
 
 if __name__ == "__main__":

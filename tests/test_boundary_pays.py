@@ -1,7 +1,7 @@
 """Learned boundaries that pay (issue 36 item 5): a learned cut costs its request a round, so it
 is made only when its expected users (the share of earlier learned placements a later request
-used, `BoundaryPublisher.placed`) save more than that round; extra_buffer's keep_end otherwise
-publishes as SGLang does (`keep_unpaid`). Pure core first, then the kit (SGLang's classes)."""
+used, `BoundaryPublisher.placed`) save more than that round; a learned cut otherwise
+publishes as SGLang does (`cut_unpaid`). On SGLang's classes (the kit), no_buffer."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ from collections import Counter
 
 import pytest
 
-from radixflow_sglang.core.boundary import UsageRate, publish_rule
+from radixflow_sglang.core.boundary import UsageRate
 from radixflow_sglang.core.cost import CostCoeffs
-from radixflow_sglang.core.grid import Layout
 from radixflow_sglang.core.reasons import PUBLISH, RULES, Reason
 from radixflow_sglang.testing.fixtures import boundary_kit, model_grid
 
 MODEL = "qwen3.5-4b"
-# NOTE: tokens dear, rounds cheap: keep_end's lost tail always costs more than a round, so
-# only the pay test decides; "fit:" as the estimator's measured coefficients
+# NOTE: tokens dear, rounds cheap: only the pay test decides; "fit:" as the estimator's
+# measured coefficients
 DEAR_TOKENS = CostCoeffs(1e-3, 1e-3, 0.0, 0.0, "fit:test")
 
 
@@ -40,30 +39,12 @@ def test_exposed_rate_falls_with_the_age_of_unused_states():
     assert u.open_depths() == [64]
 
 
-def test_keep_end_of_a_learned_boundary_must_pay():
-    def no():
-        return False
-
-    def yes():
-        return True
-
-    def boom():
-        raise AssertionError("asked out of order")
-
-    eb = Layout.EXTRA_BUFFER
-    assert publish_rule(64, eb, True, yes, boom, True, no) is Reason.KEEP_UNPAID
-    assert publish_rule(64, eb, True, yes, boom, True, yes) is Reason.KEEP_END
-    assert publish_rule(64, eb, True, yes, boom, False, boom) is Reason.KEEP_END  # declared
-    assert publish_rule(64, eb, True, no, boom, True, boom) is Reason.MOVE  # no round at stake
-    assert publish_rule(64, eb, False, boom, boom, True, boom) is Reason.MOVE
-
-
 def _kit():
-    """radix (native selection), learned boundaries, extra_buffer, a measured-looking fit, and
+    """radix (native selection), learned boundaries, no_buffer, a measured-looking fit, and
     a placement window of 4 (the default 64 takes longer to learn the same)."""
     from radixflow_sglang.adapter.boundary import BoundaryPublisher
 
-    kit = boundary_kit("radix", "learned", "extra_buffer", MODEL)
+    kit = boundary_kit("radix", "learned", "no_buffer", MODEL)
     pub = BoundaryPublisher("learned", kit.runtime.grid, cost=lambda: DEAR_TOKENS)
     pub.placed[Reason.LEARNED] = UsageRate(window=4)
     kit.runtime.boundary = pub
@@ -91,7 +72,7 @@ def _teach(kit, rng, system: int, tail: int) -> None:
             _run(kit, f"g{g}r{i}", prompt + [rng.randrange(100, 200_000) for _ in range(tail)])
 
 
-def test_a_learned_keep_stops_once_its_placements_go_unused():
+def test_a_learned_cut_stops_once_its_placements_go_unused():
     """Unrelated prompts after the depth was learned (a trace whose requests share no prefix):
     each is placed at the learned depth and nobody shares it; the first are cut on the prior,
     then the measured hit rate no longer pays the round and they run whole, as stock."""
@@ -99,19 +80,19 @@ def test_a_learned_keep_stops_once_its_placements_go_unused():
     kit, pub = _kit()
     rng = random.Random(0)
     _teach(kit, rng, 6 * G + 10, 2 * G + 3)
-    hows, rounds = [], []
+    hows, rounds, unpaid = [], [], pub.unpaid
     for i in range(8):
         _, how, n = _run(kit, f"u{i}", [rng.randrange(100, 200_000) for _ in range(8 * G + 13)])
         hows.append(how)
         rounds.append(n)
-    assert hows[0] is Reason.KEEP_END and rounds[0] == 2
-    assert hows[-3:] == [Reason.KEEP_UNPAID] * 3 and rounds[-3:] == [1] * 3
+    assert hows[0] is Reason.CUT and rounds[0] == 2
+    assert hows[-3:] == [Reason.CUT_UNPAID] * 3 and rounds[-3:] == [1] * 3
     assert pub.placed[Reason.LEARNED].exposed_rate < 0.5
-    assert pub.unpaid == hows.count(Reason.KEEP_UNPAID)
+    assert pub.unpaid - unpaid == hows.count(Reason.CUT_UNPAID)
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
 
-def test_a_learned_keep_goes_on_while_later_requests_use_its_state():
+def test_a_learned_cut_goes_on_while_later_requests_use_its_state():
     """Each prompt is followed by one sharing it to the learned depth only (a second question
     on a document): every placement is used, each first is cut and its follower resumes there."""
     G = model_grid(MODEL)
@@ -123,7 +104,7 @@ def test_a_learned_keep_goes_on_while_later_requests_use_its_state():
         doc = [rng.randrange(100, 200_000) for _ in range(system)]
         _, how, n = _run(kit, f"p{i}", doc + [rng.randrange(100, 200_000)
                                              for _ in range(2 * G + 3)])
-        assert (how, n) == (Reason.KEEP_END, 2)
+        assert (how, n) == (Reason.CUT, 2)
         cached, _, _ = _run(kit, f"q{i}", doc + [rng.randrange(100, 200_000) for _ in range(G)])
         assert cached == 6 * G
     assert pub.placed[Reason.LEARNED].exposed_rate == 1.0

@@ -62,17 +62,13 @@ def test_publish_order_per_layout():
         raise AssertionError("asked out of order")
 
     eb, nb = Layout.EXTRA_BUFFER, Layout.NO_BUFFER
-    assert publish_rule(None, nb, True, boom, boom, True, boom) is Reason.OUTSIDE
-    assert publish_rule(64, eb, True, yes, boom, True, no) is Reason.KEEP_UNPAID
-    assert publish_rule(64, eb, True, yes, boom, True, yes) is Reason.KEEP_END
-    assert publish_rule(64, eb, True, yes, boom, False, boom) is Reason.KEEP_END  # declared
-    assert publish_rule(64, eb, False, boom, boom, True, boom) is Reason.MOVE
-    assert publish_rule(64, eb, True, no, boom, True, boom) is Reason.MOVE
-    assert publish_rule(64, nb, False, boom, boom, True, boom) is Reason.SLOT_TAKEN
-    assert publish_rule(64, nb, True, boom, yes, True, boom) is Reason.CUT_UNUSED
-    assert publish_rule(64, nb, True, boom, no, True, no) is Reason.CUT_UNPAID
-    assert publish_rule(64, nb, True, boom, no, False, boom) is Reason.CUT  # declared: not asked
-    assert publish_rule(64, nb, True, boom, no, True, yes) is Reason.CUT
+    assert publish_rule(None, nb, True, True, boom) is Reason.OUTSIDE
+    assert publish_rule(64, eb, False, True, boom) is Reason.MOVE
+    assert publish_rule(64, eb, True, True, boom) is Reason.MOVE
+    assert publish_rule(64, nb, False, True, boom) is Reason.SLOT_TAKEN
+    assert publish_rule(64, nb, True, True, no) is Reason.CUT_UNPAID
+    assert publish_rule(64, nb, True, False, boom) is Reason.CUT  # declared: not asked
+    assert publish_rule(64, nb, True, True, yes) is Reason.CUT
 
 
 @pytest.mark.parametrize("layout, how", [("extra_buffer", "move"), ("no_buffer", "cut")])

@@ -230,26 +230,6 @@ def test_siblings_arriving_together_lose_one_per_group():
     assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
 
 
-def test_the_slot_goes_to_a_queued_group_not_to_a_sibling_whose_group_already_ran():
-    """A request whose siblings already ran (the KV of its prefix is in the tree, no state)
-    and none is queued: cutting it serves nobody and takes the one slot from a queued group,
-    whose first is cut instead, in the same round."""
-    G = grid_of()
-    system = SYSTEM_UNITS * G + 10
-    rng = random.Random(1)
-    kit = kit_for("declared")
-    a, b = _ids(rng, system), _ids(rng, system)
-    kit.submit(kit.req("a0", a + _ids(rng, G + 3)), kit.req("b0", b + _ids(rng, G + 3)))
-    kit.drain()
-    kit.submit(kit.req("a1", a + _ids(rng, G + 3), boundary=system),
-               *[kit.req(f"b{i}", b + _ids(rng, G + 3), boundary=system) for i in (1, 2, 3)])
-    rounds = kit.drain()
-    assert rounds[0].chunked == "b1" and rounds[0].extend["a1"] == system + G + 3
-    assert [rounds[1].prefix[f"b{i}"] for i in (2, 3)] == [system, system]
-    assert kit.runtime.boundary.skipped == 1
-    assert kit.leaks() == {"kv": 0, "rows": 0, "mamba": 0}
-
-
 @pytest.mark.parametrize("mode", ["learned", "both"])
 def test_learned_siblings_arriving_together_lose_at_most_one_per_group(mode):
     """Learned, firsts at once: nothing has forked yet, so the firsts publish their ends;

@@ -105,16 +105,14 @@ def test_the_traversal_skips_only_where_decide_recomputes(cost, skip) -> None:
         assert t.decide(_cand("A", 640), b, _view(), cost).wait
 
 
-def test_a_sibling_follows_an_unprobed_recompute_and_a_waiting_group_is_probed() -> None:
+def test_an_unprobed_recompute_and_a_waiting_group_is_probed() -> None:
+    # NOTE: a probed sibling no longer follows its group's unprobed recompute (rule
+    # `group_unprobed` went, issue 50: it never fired in 60 measured runs)
     t = _traversal()
     t.admitted(Producer("P", None, DOC + [1] * 50, 0, 2050, 1984, True))
     a = _cand("A")
     assert t.recomputes_unprobed(a, t.blockings(a, t.may_block("A", None, a.tokens)),
                                  lambda b: _view(siblings=1), DEAR)
-    # the sibling is probed anyway (say a cheaper fit): it follows its group's recompute
-    b_ = _cand("B", 640)
-    bb = t.classify(b_)
-    assert not t.decide(b_, bb, _view(), CHEAP).wait
     # next scan: the group waits first; the bound must not skip a later sibling
     t.begin_round([], 1 << 30)
     t.admitted(Producer("P", None, DOC + [1] * 50, 0, 2050, 1984, True))

@@ -261,10 +261,13 @@ def _hooks_off_changes_nothing(rule: str, layout: str, overlap: bool,
                                system: list[int] = ()) -> None:
     """Three seeds' streams: the same prefill rounds with `rule` as with it ablated, and both
     paths ran (scans quiet by the rule, and parked siblings)."""
+    from radixflow_sglang.core.reasons import RULES, Reason
+
     quiet = parked = 0
+    whole = RULES[Reason(rule)].reason  # NOTE: a case is ablated with its rule
     for seed in range(3):
         with_rule, reasons = _schedule(seed, layout, overlap, system=system)
-        without, off = _schedule(seed, layout, overlap, [rule], system=system)
+        without, off = _schedule(seed, layout, overlap, [whole], system=system)
         assert with_rule == without
         assert rule not in off
         quiet += reasons.get(rule, 0)

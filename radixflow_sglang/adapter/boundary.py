@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 PARAMS_PATH = "sampling_params.custom_params"
 FIELD_PATH = f"{PARAMS_PATH}.{FIELD}"
 # NOTE: PUBLISH rules that publish the placed depth (the others leave SGLang's own)
-PUBLISHED = (Reason.KEEP_END, Reason.MOVE, Reason.CUT)
+PUBLISHED = (Reason.MOVE, Reason.CUT)
 
 
 def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
@@ -89,10 +89,8 @@ class BoundaryPublisher:
     (chunk-slot deferrals, adapter/slotdefer.py)."""
 
     def __init__(self, mode: str, grid: Grid, rule: str = "optimal",
-                 keep_end: bool | None = None, cost: Callable[[], CostCoeffs] | None = None,
-                 ) -> None:
-        """`keep_end`, `cost`: adapter/placement.py `PublishFacts` (extra_buffer: cut at the
-        boundary so the end state is published too: always, never, or when it pays)."""
+                 cost: Callable[[], CostCoeffs] | None = None) -> None:
+        """`cost`: the round-cost fit a learned cut must pay for (adapter/placement.py)."""
         self.mode = mode
         self.grid = grid
         self.declared = wants(mode, "declared")
@@ -105,9 +103,8 @@ class BoundaryPublisher:
         self.scan = BoundaryScan(keys=self.keys, step=grid.size)
         self.targets = PlacementTargets(grid, self.declared, self.learner, self.markers)
         self.book = ReuseBook(grid, self.learner)
-        self.facts = PublishFacts(grid, keep_end, self.costs, self.book)
+        self.facts = PublishFacts(grid, self.costs, self.book)
         self.slot = SlotDeferral(grid, self.costs, self.targets, self.book)
-        self.skipped = 0  # no_buffer cuts not made: no user expected, the slot wanted by others
         self.unpaid = 0  # learned cuts not made: the round costs more than they save
 
     @property
@@ -246,12 +243,10 @@ class BoundaryPublisher:
         """What PUBLISH rule `how` does to `req` and the round."""
         if how is Reason.MOVE:
             req.mamba_branching_seqlen = depth  # NOTE: read by prepare_for_extend
-        elif how in (Reason.KEEP_END, Reason.CUT):
+        elif how is Reason.CUT:
             cut_chunk(req, depth, adder)
             self.scan.cut = req
-        elif how is Reason.CUT_UNUSED:
-            self.skipped += 1
-        elif how in (Reason.CUT_UNPAID, Reason.KEEP_UNPAID):
+        elif how is Reason.CUT_UNPAID:
             self.unpaid += 1  # NOTE: a guessed boundary's cut must pay for its round
 
     def _native_branch(self, req: Req) -> bool:
@@ -315,7 +310,7 @@ class BoundaryPublisher:
                 "moved_queued_fork": self.moved["queued_fork"],
                 "fork_marks": self.moved["fork_mark"],
                 "deferred": self.deferred,
-                "cuts_skipped": self.skipped, "cuts_unpaid": self.unpaid,
+                "cuts_unpaid": self.unpaid,
                 "reused_share": round(self.usage.rate, 3),
                 "placed_reused_share": {str(r): round(u.exposed_rate, 3)
                                         for r, u in self.placed.items()}}

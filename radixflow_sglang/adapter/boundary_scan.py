@@ -22,7 +22,6 @@ from .reqs import namespace, req_len, req_tokens
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.managers.schedule_policy import PrefillAdder
 
     from radixflow_sglang.core.boundary import Marker
 
@@ -131,18 +130,6 @@ class BoundaryScan:
         key = self.keys.of(req, tokens, ns, d)
         n = self.groups_at(d).get(key, 0) - (1 if req.rid in self.rids else 0)
         return n > 0
-
-    def contested(self, depth: int, key: tuple, adder: PrefillAdder, done) -> bool:
-        """Another group of >= 2 unselected queued requests wants a boundary at `depth` (not
-        one served this scan nor one in `done`, published before)."""
-        selected = {r.rid for r in adder.can_run_list}
-        counts = dict(self.groups_at(depth))
-        for r in self.queue:
-            k = self.keys.get(r.rid, depth)
-            if r.rid in selected and k in counts:
-                counts[k] -= 1
-        return any(n >= 2 for k, n in counts.items()
-                   if k != key and k not in self.serving and k not in done)
 
     def between(self, req: Req, r: Req) -> int | None:
         """The demand (input lengths less ready prefixes: an upper bound) queued after `req` up

@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 
 # NOTE: native outcomes after the traversal looked at the request: a parked one is rechecked
 RELEASES = frozenset({Reason.NO_PRODUCER, Reason.NO_SHARER, Reason.NOT_BLOCKED,
-                      Reason.RECOMPUTE_UNPROBED, Reason.BOUND_WOULD_CUT, Reason.GROUP_UNPROBED,
+                      Reason.RECOMPUTE_UNPROBED, Reason.BOUND_WOULD_CUT,
                       Reason.TAIL_GUARD, Reason.RECOMPUTE_WINS, Reason.BOUND_SPENT})
 RECOMPUTES = frozenset({Reason.RECOMPUTE_UNPROBED, Reason.BOUND_WOULD_CUT,
-                        Reason.GROUP_UNPROBED, Reason.TAIL_GUARD, Reason.RECOMPUTE_WINS})
-VERDICTS = frozenset({Reason.COMMITTED_WAIT, Reason.BOUND_WOULD_CUT, Reason.GROUP_UNPROBED,
+                        Reason.TAIL_GUARD, Reason.RECOMPUTE_WINS})
+VERDICTS = frozenset({Reason.COMMITTED_WAIT, Reason.BOUND_WOULD_CUT,
                       Reason.TAIL_GUARD, Reason.WAIT_WINS, Reason.RECOMPUTE_WINS})
 
 
@@ -129,10 +129,6 @@ class VisitFacts:
     @property
     def bound_would_cut(self) -> bool:
         return self.wait.bound_would_cut
-
-    @property
-    def group_unprobed(self) -> bool:
-        return self.wait.group_unprobed
 
     @property
     def verdict(self):

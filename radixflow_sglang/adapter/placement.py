@@ -210,16 +210,11 @@ class PlacementTargets:
 
 
 class PublishFacts:
-    """PUBLISH's lazy tests for a placed depth (core/boundary.py `publish_rule`). `keep_end`
-    (extra_buffer): True: cut the extend at the boundary (when SGLang's one chunk slot is
-    free) so its end state is published too, one round later; False: move the one tracked
-    state (the end state is lost); None: cut only when recomputing the lost tail costs more
-    than the extra round (`costs.fit`: the runtime's round-cost fit)."""
+    """PUBLISH's lazy tests for a placed depth (core/boundary.py `publish_rule`); `costs.fit`:
+    the runtime's round-cost fit."""
 
-    def __init__(self, grid: Grid, keep_end: bool | None, costs: RoundCosts,
-                 book: ReuseBook) -> None:
+    def __init__(self, grid: Grid, costs: RoundCosts, book: ReuseBook) -> None:
         self.grid = grid
-        self.keep_end = keep_end
         self.costs = costs
         self.book = book
 
@@ -232,12 +227,7 @@ class PublishFacts:
             return scan.keys.of(req, tokens, ns, depth)
 
         return publish_rule(
-            depth, self.grid.layout, can_cut, lambda: self.keep(req, depth),
-            # NOTE: its siblings already ran and none is queued: the one chunk slot goes to a
-            # queued group whose first can be cut and the rest wait for it
-            lambda: (self.book.users(scan, req, tokens, ns, depth, key(), adder) <= 0
-                     and scan.contested(depth, key(), adder, self.book.done)),
-            source != Reason.DECLARED,
+            depth, self.grid.layout, can_cut, source != Reason.DECLARED,
             lambda: self.pays(scan, req, tokens, ns, depth, key(), adder, source))
 
     def pays(self, scan: BoundaryScan, req: Req, tokens, ns, depth: int, key: tuple,
@@ -261,15 +251,3 @@ class PublishFacts:
             return False
         return cut_pays(c, depth - req.prefix_len, len(tokens) - depth, len(rest), users,
                         budget)
-
-    def keep(self, req: Req, depth: int) -> bool:
-        """Whether to cut at `depth` so the displaced end state is published too."""
-        end = self.grid.planned_depth(req.prefix_len, req.extend_end - req.prefix_len)
-        lost = (end or depth) - depth  # NOTE: what a continuation would recompute
-        if lost <= 0 or self.keep_end is False:
-            return False
-        if self.keep_end or self.costs.fit is None:
-            return bool(self.keep_end)
-        c = self.costs.fit()
-        # NOTE: the cut finishes this request one round later (a round's fixed cost and a row)
-        return c.beta * lost >= c.alpha + c.gamma

@@ -684,31 +684,20 @@ def place_rule(declared: Depth | None, learning: bool, native_branch: bool, mark
     return Reason.NO_BOUNDARY, None
 
 
-def publish_rule(depth: int | None, layout: Layout, can_cut: bool, keep: Callable[[], bool],
-                 unused: Callable[[], bool], learned: bool,
+def publish_rule(depth: int | None, layout: Layout, can_cut: bool, learned: bool,
                  pays: Callable[[], bool]) -> Reason:
     """PUBLISH: how a placed boundary at `depth` publishes, first rule that fires. `can_cut`:
-    SGLang's one chunk slot is free for it; `keep`: extra_buffer's lost tail costs more than
-    a round; `unused`: no_buffer, nobody is expected to use the cut while a queued group wants
-    the slot; `pays`: a learned cut (no_buffer, or extra_buffer's keep) pays for its round.
-    Asked lazily, in order."""
+    SGLang's one chunk slot is free for it (and chunked prefill on); `learned`: not declared;
+    `pays`: a learned no_buffer cut pays for its round (asked lazily, last)."""
     if depth is None:
         return Reason.OUTSIDE
     eb = layout is Layout.EXTRA_BUFFER
-    # NOTE: no_buffer's slot rules; extra_buffer reads them only with `move` ablated (it then
-    # publishes only where it can cut)
-    if not eb or not enabled(Reason.MOVE):
-        if not can_cut and enabled(Reason.SLOT_TAKEN):
-            return Reason.SLOT_TAKEN
-        if enabled(Reason.CUT_UNUSED) and unused():
-            return Reason.CUT_UNUSED
-    keeps = eb and can_cut and keep()  # NOTE: extra_buffer's keep: the lost tail costs more
-    # NOTE: a guessed state that saves less than its round pays for neither the cut nor the
-    # move (extra_buffer: SGLang's own end state)
-    if learned and (keeps or not eb) and enabled(Reason.CUT_UNPAID) and not pays():
-        return Reason.KEEP_UNPAID if eb else Reason.CUT_UNPAID
-    if keeps and enabled(Reason.KEEP_END):
-        return Reason.KEEP_END
     if eb and enabled(Reason.MOVE):
-        return Reason.MOVE
+        return Reason.MOVE  # NOTE: the one tracked state moves inside its forward: free
+    # NOTE: a cut (no_buffer; extra_buffer with `move` ablated publishes only where it cuts)
+    if not can_cut:  # NOTE: a guard: a cut would overwrite SGLang's one chunked request
+        return Reason.SLOT_TAKEN
+    # NOTE: a guessed state that saves less than its round is not worth the cut
+    if learned and not eb and enabled(Reason.CUT_UNPAID) and not pays():
+        return Reason.CUT_UNPAID
     return Reason.CUT

@@ -23,7 +23,6 @@ class WaitFacts(Protocol):
 
     committed: bool  # a 2-round wait (overlap) decided last scan, for this producer
     bound_would_cut: bool  # the park bound releases it before the state publishes
-    group_unprobed: bool  # its sibling group recomputed unprobed in this scan
     verdict: Verdict  # its sibling group's cost comparison (one per group and scan)
 
 
@@ -82,8 +81,6 @@ def wait(f: WaitFacts) -> tuple[Action, Reason]:
         return Action.PARK, Reason.COMMITTED_WAIT
     if enabled(Reason.BOUND_WOULD_CUT) and f.bound_would_cut:
         return Action.NATIVE, Reason.BOUND_WOULD_CUT
-    if enabled(Reason.GROUP_UNPROBED) and f.group_unprobed:
-        return Action.NATIVE, Reason.GROUP_UNPROBED
     v = f.verdict
     if v.tail:
         return Action.NATIVE, Reason.TAIL_GUARD
@@ -116,7 +113,7 @@ def defer(f: DeferFacts) -> tuple[Action, Reason]:
         return Action.DEFER, Reason.BOUNDARY_SLOT
     if f.fits:  # NOTE: a guard: the rules below read its cut
         return Action.ADMIT, Reason.FITS
-    if enabled(Reason.FORK_SLOT) and f.fork_chunk:
+    if f.fork_chunk:  # NOTE: a guard: a native cut would displace the producer's chunk
         return Action.DEFER, Reason.FORK_SLOT
     if enabled(Reason.NATIVE_CUT) and not f.fragment:
         return Action.ADMIT, Reason.NATIVE_CUT

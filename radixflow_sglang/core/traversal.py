@@ -335,8 +335,8 @@ class WaitFacts:
     tokens to the group depth) get one verdict per scan: the first's comparison
     (`group_wait_wins` over `view()`, its `RoundView.siblings`), which the rest follow; a split
     makes their question wait for both. A wait decided over 2 rounds (overlap) is kept on its
-    second visit to the same producer: its cost was counted whole. Reading `group_unprobed`
-    or `verdict` records the group's verdict, as deciding it does."""
+    second visit to the same producer: its cost was counted whole. Reading `verdict` records
+    the group's verdict, as deciding it does."""
 
     def __init__(self, t: Traversal, c: Candidate, b: Blocking, view: Callable[[], RoundView],
                  cost: CostCoeffs) -> None:
@@ -354,14 +354,6 @@ class WaitFacts:
         # NOTE: it would park, then recompute the same gain rounds later (a chain of waits
         # under overlap). A spent bound (0 left) is VISIT's `bound_spent`.
         return 0 < self.t.waits.rounds_left(self.c.rid) < self.lag
-
-    @property
-    def group_unprobed(self) -> bool:
-        now, key = self.t.now, self.t._group(self.c, self.b)
-        v = now.groups.get(key)
-        if v is None and _unready(key) in now.unprobed:  # NOTE: its group recomputed unprobed
-            v = now.groups[key] = Verdict(False, 0.0, 0.0, reason=Reason.GROUP_UNPROBED)
-        return v is not None and v.reason is Reason.GROUP_UNPROBED
 
     @property
     def verdict(self) -> Verdict:
@@ -382,8 +374,6 @@ class WaitFacts:
             why = Reason.COMMITTED_WAIT if self._verdict is None else Reason.WAIT_WINS
         if why in (Reason.COMMITTED_WAIT, Reason.BOUND_WOULD_CUT):
             return Verdict(why is Reason.COMMITTED_WAIT, 0.0, 0.0, reason=why)
-        if why is Reason.GROUP_UNPROBED:
-            return self.t.now.groups[self.t._group(self.c, self.b)]
         return self.verdict
 
 

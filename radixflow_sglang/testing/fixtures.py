@@ -38,7 +38,7 @@ def model_grid(model: str = BOUNDARY_MODEL) -> int:
 
 def boundary_kit(policy: str = "radixflow", boundaries: str = "declared",
                  layout: str = "extra_buffer", model: str = BOUNDARY_MODEL, **publisher):
-    """A kit; `publisher` replaces the runtime's BoundaryPublisher settings (keep_end, rule)."""
+    """A kit; `publisher` replaces the runtime's BoundaryPublisher settings (rule, cost)."""
     from radixflow_sglang.adapter.boundary import BoundaryPublisher
     from radixflow_sglang.config import RadixFlowConfig
     from radixflow_sglang.testing.kit import Kit, KitConfig
