@@ -123,7 +123,7 @@ def outcome(res: Any) -> dict[str, Any]:
 # NOTE: rules whose condition is asked where their firing is counted under another reason
 # (the verdict inside recompute_unprobed's bound), or whose site skips work of its own (the
 # learned sources' lazy depths, the quiet scan's hooks): ablated even where they never fired
-ALWAYS_RUN = frozenset({"wait_wins", "recompute_wins", "tail_guard", "marker", "repeat",
+ALWAYS_RUN = frozenset({"wait_wins", "recompute_wins", "marker", "repeat",
                         "learned", "quiet_scan"})
 
 

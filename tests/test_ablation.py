@@ -29,4 +29,4 @@ def test_a_rule_changes_nothing_only_when_no_run_moved():
 def test_unknown_rules_are_refused_naming_the_allowed(capsys):
     with pytest.raises(SystemExit):
         ablation.main(["--out", "/nonexistent", "--rules", "nope"])
-    assert "ablatable rules: early, cost" in capsys.readouterr().err
+    assert "ablatable rules: early, deadline" in capsys.readouterr().err

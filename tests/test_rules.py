@@ -62,7 +62,7 @@ def test_a_case_is_ablated_with_its_rule():
 
 
 def test_ablate_names_are_checked():
-    assert parse_ablate(" wait_wins,tail_guard ") == {R.WAIT_WINS, R.TAIL_GUARD}
+    assert parse_ablate(" wait_wins,recompute_wins ") == {R.WAIT_WINS, R.RECOMPUTE_WINS}
     for bad in ("nope", "hold"):
         with pytest.raises(ValueError, match=ABLATE_ENV) as e:
             parse_ablate(bad)
@@ -116,7 +116,7 @@ def test_case_tokens():
     hold(R.TOKENS, demand(residual_tokens=8192))
 
 
-def test_rule_cost():
+def test_case_cost():
     hold(R.COST, demand(cost=None), cost_aware=True)  # NOTE: no fit yet: holding cannot win
 
 
@@ -238,7 +238,7 @@ def verdict(reason: Reason, cost: CostCoeffs, view: RoundView = VIEW) -> None:
     """`reason` decides the group verdict; ablated, the verdict turns over."""
     v = group_wait_wins(cost, CASE, view)
     assert v.reason is reason
-    with ablating([reason]):
+    with ablating([rule_of(reason)]):
         assert group_wait_wins(cost, CASE, view).wait is not v.wait
 
 
@@ -250,7 +250,7 @@ def test_rule_recompute_wins():
     verdict(R.RECOMPUTE_WINS, CostCoeffs(0.2, 1e-7, 0.0))  # NOTE: a 200 ms round outweighs it
 
 
-def test_rule_tail_guard():
+def test_case_tail_guard():
     # NOTE: the question arrived with the oldest finishing request, and the round it waits
     # for costs more than the recompute it saves: waiting makes it the tail
     verdict(R.TAIL_GUARD, CostCoeffs(0.002, 1e-6, 0.0), RoundView(
@@ -273,7 +273,7 @@ def cand(rid: str, tokens: list[int]):
     return Candidate(rid, None, tokens, 0, len(tokens) - 1)
 
 
-def test_rule_bound_would_cut():
+def test_case_bound_would_cut():
     """Overlap: the producer publishes 2 rounds on; a consumer with 1 park round left would be
     released by the bound first."""
     t = traversal_with_producer(overlap=True)
@@ -282,7 +282,7 @@ def test_rule_bound_would_cut():
         t.waits.park("A", r, "earlier", G)
     cost = CostCoeffs(0.002, 1e-5, 0.0)
     assert t.decide(late, t.classify(late), VIEW, cost).reason is R.BOUND_WOULD_CUT
-    with ablating([R.BOUND_WOULD_CUT]):
+    with ablating([rule_of(R.BOUND_WOULD_CUT)]):
         assert t.decide(late, t.classify(late), VIEW, cost).wait
 
 

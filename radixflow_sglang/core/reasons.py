@@ -149,13 +149,12 @@ POINTS = (HOLD, ORDER, VISIT, DEFER, PLACE, PUBLISH)
 
 RULEBOOK: tuple[Rule, ...] = (
     Rule(HOLD, Reason.EARLY, Action.RELEASE,
-         "release early: held requests fill the free rows (`rows`), or, flex only, work is "
-         "running or in flight (`busy`) or held token demand fills the token budget (`tokens`)",
-         cases=(Reason.ROWS, Reason.BUSY, Reason.TOKENS),
-         kept=("off: mean 1.037x radixflow-always, 1.018x flex-always (4b mix α8); the cost-aware "
-               "arms' `cost` releases the same")),
-    Rule(HOLD, Reason.COST, Action.RELEASE, "cost-aware flex: holding cannot win (hold_gain <= 0)",
-         kept="off: mean 1.017-1.162x (48 of 56 matrix runs)"),
+         "release before the deadline: held requests fill the free rows (`rows`), or, flex "
+         "only, work is running or in flight (`busy`), held token demand fills the token "
+         "budget (`tokens`), or, cost-aware, holding cannot win (`cost`: hold_gain <= 0)",
+         cases=(Reason.ROWS, Reason.BUSY, Reason.TOKENS, Reason.COST),
+         kept=("off: mean 1.037x radixflow-always, 1.018x flex-always (4b mix α8); "
+               "`cost` alone: 1.017-1.162x (48 of 56 matrix runs)")),
     Rule(HOLD, Reason.DEADLINE, Action.RELEASE, "the oldest held request reached the deadline",
          kept="property: no starvation, a hold ends within D ms (test_rule_deadline)"),
     Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold", default=True,
@@ -190,14 +189,6 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(VISIT, Reason.ALWAYS_WAIT, Action.PARK, "always-wait rule: Blocked parks",
          default=True,
          kept="the always-wait policies' otherwise"),
-    Rule(VISIT, Reason.BOUND_WOULD_CUT, Action.NATIVE,
-         "cost-aware: the park bound releases it before the state is published",
-         kept=("off: mean 1.014x, p95 1.056x, p99 1.099x (nemotron-9b race α8 extra_buffer + "
-               "overlap, seed 1)")),
-    Rule(VISIT, Reason.TAIL_GUARD, Action.NATIVE,
-         "cost-aware: waiting wins on summed latency but would make its question the slowest "
-         "the choice affects (a veto of the wait)",
-         kept="off: mean 1.002-1.005x (10 of 56)"),
     Rule(VISIT, Reason.WAIT_WINS, Action.PARK,
          "cost-aware: waiting adds less latency than recomputing (one verdict per sibling "
          "group; at the producer's learned mark where waiting for it still wins); fast path, "
@@ -206,13 +197,22 @@ RULEBOOK: tuple[Rule, ...] = (
          kept=("off: mean 1.055-3.504x (40 of 56); `committed_wait` alone: mean 1.035x, "
                "p95 1.135x (27b race α100 extra_buffer + overlap)")),
     Rule(VISIT, Reason.RECOMPUTE_WINS, Action.NATIVE,
-         "cost-aware: recomputing now adds less; fast path, asked before the probe match: "
-         "recomputing wins at every ready prefix it could have (`recompute_unprobed`)",
-         cases=(Reason.RECOMPUTE_UNPROBED,),
-         kept=("off: mean 1.001-1.428x (20 of 56); `recompute_unprobed` alone: 1.001-1.002x "
-               "(16 of 56: the probe it skips)")),
-    Rule(VISIT, Reason.BOUND_SPENT, Action.NATIVE, "its park bound is spent",
-         kept="property: no starvation, a park ends at its bound (test_rule_bound_spent)"),
+         "cost-aware: recomputing now adds less, or waiting wins on summed latency but would "
+         "make its question the slowest the choice affects (`tail_guard`, the wait's veto); "
+         "fast path, asked before the probe match: recomputing wins at every ready prefix it "
+         "could have (`recompute_unprobed`)",
+         cases=(Reason.TAIL_GUARD, Reason.RECOMPUTE_UNPROBED),
+         kept=("off: mean 1.001-1.428x (20 of 56); `tail_guard` alone: 1.002-1.005x (10 of "
+               "56); `recompute_unprobed` alone: 1.001-1.002x (16 of 56: the probe it "
+               "skips)")),
+    Rule(VISIT, Reason.BOUND_SPENT, Action.NATIVE,
+         "the park bound leaves fewer rounds than the wait needs: none (its bound is spent: a "
+         "veto of any park), or, cost-aware, fewer than its producer's publish lag "
+         "(`bound_would_cut`, asked with the wait: it would park, then recompute)",
+         cases=(Reason.BOUND_WOULD_CUT,),
+         kept=("property: no starvation, a park ends at its bound (test_rule_bound_spent); "
+               "`bound_would_cut` alone: mean 1.014x, p95 1.056x (nemotron-9b race α8 "
+               "extra_buffer + overlap, seed 1)")),
     Rule(DEFER, Reason.NEWCOMER, Action.DEFER,
          "cost-aware: joining a released consumer's round costs more than a round (once)",
          kept="off: mean 1.120x (4b mix α8 extra_buffer, seed 2)"),
@@ -247,8 +247,9 @@ RULEBOOK: tuple[Rule, ...] = (
          "learned: a marker or template piece in its extend serves most (`place`)",
          kept="off: mean 1.144-1.423x (16 of 56)"),
     Rule(PLACE, Reason.REPEAT, Action.TARGET, "learned: its namespace repeats prompts: length - 1",
-         kept=("none measured: fired 71 times in 60 runs (nsample burst, both layouts) and "
-               "changed no outcome; the next to go, with its learner's repeat share")),
+         kept=("kit, the live arrival (a copy alone first, tests/test_nsample_burst): off, "
+               "each later prompt's second copy recomputes it whole; the twin's bursts send "
+               "copies together (`queued_fork` serves them): 1.000x")),
     Rule(PLACE, Reason.QUEUED_FORK, Action.TARGET,
          "queued requests the round cannot take share its extend past its ready prefix (known "
          "demand): where the one state serves most (`place`; no_buffer: no marker in it)",
