@@ -12,7 +12,7 @@ from radixflow_sglang.testing.fixtures import toks
 
 DOC = toks(1000, 2000)
 # NOTE: begin_scan's own inputs
-SET_AT_BEGIN = {"round", "sched", "requests", "cost", "stats", "quiet", "walk", "chunk"}
+SET_AT_BEGIN = {"round", "sched", "requests", "cost", "stats", "quiet", "walk", "boundary", "chunk"}
 
 
 def test_every_scan_begins_from_a_fresh_state(make_kit):
@@ -34,6 +34,9 @@ def test_every_scan_begins_from_a_fresh_state(make_kit):
              k.req("B", DOC + toks(7000, 90)))
     k.drain()
     assert len(seen) >= 2 and len({id(s) for s in seen}) == len(seen)
+    # NOTE: the publisher's part is this scan's too: built fresh, held by the Scan
+    assert len({id(s.boundary) for s in seen}) == len(seen)
+    assert all(s.boundary.number == n for n, s in enumerate(seen, seen[0].boundary.number))
     assert [s.round for s in seen] == list(range(1, len(seen) + 1))
     # NOTE: the first scan used its state: P selected, the siblings parked on it
     assert "P" in seen[0].reqs and seen[0].parked_on.producer == "P"

@@ -160,13 +160,15 @@ class BoundaryPublisher:
         """The last `admitted` call's rules (the trace)."""
         return self.scan.decided
 
-    def begin_scan(self, queue: Iterable[Req] = ()) -> None:
-        """A new scan over `queue` (SGLang's waiting queue as it begins): a fresh BoundaryScan;
-        the records of requests gone from a long queue are dropped now and then."""
+    def begin_scan(self, queue: Iterable[Req] = ()) -> BoundaryScan:
+        """A new scan over `queue` (SGLang's waiting queue as it begins): a fresh BoundaryScan,
+        which the runtime's Scan holds; the records of requests gone from a long queue are
+        dropped now and then."""
         self.scan = BoundaryScan(self.scan.number + 1, queue, self.keys, self.grid.size)
         if len(self.keys) > 8 * len(self.scan.queue) + 4096:
             self.keys.keep_only(self.scan.rids)
             self.slot.keep_only(self.scan.rids)
+        return self.scan
 
     def end_scan(self, run: Sequence[Req]) -> None:
         """The scan's extends, for `still_deferred`."""

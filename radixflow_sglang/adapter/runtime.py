@@ -191,9 +191,9 @@ class RadixFlowRuntime:
         self.round += 1
         self.records.sweep(sched.waiting_queue)
         self._order(sched)
-        self.boundary.begin_scan(sched.waiting_queue)
         scan = self.scan = Scan(self.round, sched=sched, requests=self.requests,
-                                cost=self.roundcost)
+                                cost=self.roundcost,
+                                boundary=self.boundary.begin_scan(sched.waiting_queue))
         if self.traversal is None:
             scan.stats = RoundStats(self.round, t_start=self.clock())
             return

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
 
+    from .boundary_scan import BoundaryScan
     from .roundcost import RoundCost
 
 
@@ -47,6 +48,9 @@ class Scan:
     # None: they are on
     quiet: Reason | None = None
     walk: TraversalRound | None = None  # the traversal's round (None: quiet, or no traversal)
+    # the boundary publisher's scan (adapter/boundary_scan.py: its queue questions, placements
+    # and the cut it made), built by the publisher for this scan
+    boundary: BoundaryScan | None = None
     # the queue's view (positions, demand, siblings): built at the first candidate needing it
     view: ScanView | None = None
     # requests selected (or continuing) this scan that a fork may still move, by rid
