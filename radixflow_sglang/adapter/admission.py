@@ -71,6 +71,25 @@ class AdmissionHold:
         if not queue:
             return False
         now = self.clock()
+        fresh = self._fresh(queue, now)
+        if not fresh:
+            return False  # NOTE: a request is held once at most; parked ones are not re-held
+        demand = self._demand(sched, running_batch, queue, fresh, now)
+        decision = self._decide(demand, fresh, now)
+        if not decision.hold:
+            self._release(fresh, decision)
+            return False
+        if len(fresh) < len(queue) or sched.chunked_req is not None:
+            # Eligible work waits (or a chunk continues): the round runs it; fresh requests
+            # stay out of the scan (`park` skips them), so nothing overtakes them.
+            return False
+        self.held_iterations += 1
+        if not demand.busy:
+            self._wait(demand, now)
+        return True
+
+    def _fresh(self, queue, now: float) -> list[Req]:
+        """The queued requests not yet eligible, each registered the pass it is first seen."""
         requests, fresh = self.requests, []
         for r in queue:
             rs = requests.get(r.rid)
@@ -80,9 +99,10 @@ class AdmissionHold:
                 rs = requests[r.rid]
             if not rs.eligible:
                 fresh.append(r)
-        if not fresh:
-            return False  # NOTE: a request is held once at most; parked ones are not re-held
-        demand = self._demand(sched, running_batch, queue, fresh, now)
+        return fresh
+
+    def _decide(self, demand: Demand, fresh: list[Req], now: float) -> Decision:
+        """The gate's HOLD decision, a timer's per-request deadlines, agreed across ranks."""
         decision = self.gate.decide(demand, now)
         if decision.reason == Reason.DEADLINE and self.gate.mode == "timer":
             # NOTE: a timer releases each request at its own deadline, nothing earlier.
@@ -95,22 +115,15 @@ class AdmissionHold:
             # tokens), so every rank of the group calls the broadcast, or none does.
             decision = self.agreement(decision)
         self.reasons[Reason(decision.reason)] += 1
-        if not decision.hold:
-            self._release(fresh, decision)
-            return False
-        if len(fresh) < len(queue) or sched.chunked_req is not None:
-            # Eligible work waits (or a chunk continues): the round runs it; fresh requests
-            # stay out of the scan (`park` skips them), so nothing overtakes them.
-            return False
-        self.held_iterations += 1
-        if not demand.busy:
-            # NOTE: only an otherwise idle scheduler waits (on its socket: an arrival wakes it);
-            # with a batch running or in flight the held requests just stay out of the scan.
-            wait = min(self.gate.wake_in(demand, now), self.gate.deadline_s)
-            if wait > 0:
-                self.waits += 1
-                self.sleep(wait)
-        return True
+        return decision
+
+    def _wait(self, demand: Demand, now: float) -> None:
+        # NOTE: only an otherwise idle scheduler waits (on its socket: an arrival wakes it);
+        # with a batch running or in flight the held requests just stay out of the scan.
+        wait = min(self.gate.wake_in(demand, now), self.gate.deadline_s)
+        if wait > 0:
+            self.waits += 1
+            self.sleep(wait)
 
     def _release(self, fresh: list[Req], decision: Decision) -> None:
         self.release_reason = decision.reason
