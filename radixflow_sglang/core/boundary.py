@@ -560,13 +560,30 @@ def _kgram_index(a: tuple[int, ...], k: int) -> dict[tuple[int, ...], list[int]]
     return index
 
 
-def _pairs(a_index: dict, b: tuple[int, ...], k: int, b_index: dict | None,
-           common: frozenset | None) -> Iterable[tuple[int, int]]:
+_START = object()  # NOTE: the "token before" position 0: equal to no token
+
+
+def _pairs(a: tuple[int, ...], a_index: dict, b: tuple[int, ...], k: int,
+           b_index: dict | None, common: frozenset | None) -> Iterable[tuple[int, int]]:
     """(j, i) with b[j:j + k] == a[i:i + k], j then i ascending: every position of `b` looked
-    up, or (`b_index` and `common`, the k-grams both hold) only those of the common k-grams."""
+    up, or (`b_index` and `common`, the k-grams both hold) only those of the common k-grams
+    where a run may start: not both preceded by one token (`common_runs` skips those, inside
+    a run found at an earlier j)."""
     if b_index is None or common is None:
         return ((j, i) for j in range(len(b) - k + 1) for i in a_index.get(b[j:j + k], ()))
-    return sorted((j, i) for g in common for j in b_index[g] for i in a_index[g])
+    out = []
+    for g in common:
+        # NOTE: a's positions of g by the token before each: a run of one repeated token has
+        # g at every position, and all pairs of them cost |a| x |b| (~0.7 ms a tail pair)
+        before: dict = {}
+        for i in a_index[g]:
+            before.setdefault(a[i - 1] if i else _START, []).append(i)
+        for j in b_index[g]:
+            t = b[j - 1] if j else _START
+            out.extend((j, i) for p, ii in before.items() if p is _START or p != t
+                       for i in ii)
+    out.sort()
+    return out
 
 
 def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
@@ -580,7 +597,7 @@ def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
     same answer, without a Python pass over `b`)."""
     index = _kgram_index(a, k) if index is None else index
     runs = []
-    for j, i in _pairs(index, b, k, b_index, common):
+    for j, i in _pairs(a, index, b, k, b_index, common):
         if i and j and a[i - 1] == b[j - 1]:
             continue  # NOTE: inside a run found at an earlier j
         if i == 0 or j == 0:
