@@ -586,6 +586,21 @@ def _pairs(a: tuple[int, ...], a_index: dict, b: tuple[int, ...], k: int,
     return out
 
 
+def _run_len(a: tuple[int, ...], i: int, b: tuple[int, ...], j: int) -> int:
+    """common_prefix(a[i:], b[j:]) (core/producers.py: its block doubles while it matches and
+    halves past the first mismatch, slices compared in C) on offsets: neither tail is copied
+    first (`common_runs` asks once per diagonal, ~75 times a kept tail on a repeated token)."""
+    n = min(len(a) - i, len(b) - j)
+    x, step, grow = 0, 64, True
+    while step:
+        if x + step <= n and a[i + x:i + x + step] == b[j + x:j + x + step]:
+            x += step
+            step = step * 2 if grow else step
+        else:
+            grow, step = False, step // 2
+    return x
+
+
 def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
                 index: dict | None = None, b_index: dict | None = None,
                 common: frozenset | None = None) -> list[tuple[int, ...]] | None:
@@ -602,7 +617,7 @@ def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
             continue  # NOTE: inside a run found at an earlier j
         if i == 0 or j == 0:
             return None
-        n = k + common_prefix(a[i + k:], b[j + k:])  # NOTE: slices compared in C
+        n = k + _run_len(a, i + k, b, j + k)
         if i + n < len(a) and j + n < len(b):
             runs.append(a[i:i + n])
     return runs
