@@ -25,6 +25,7 @@ from radixflow_sglang.core.boundary import (
 )
 from radixflow_sglang.core.cost import CostCoeffs, cut_pays, cut_raises_tail, measured
 from radixflow_sglang.core.grid import Grid, Layout
+from radixflow_sglang.core.producers import as_tokens
 from radixflow_sglang.core.reasons import Reason
 
 from .reqs import budget_left, req_len, req_tokens
@@ -132,7 +133,8 @@ class PlacementTargets:
         tokens = req_tokens(req)
         left, siblings = budget_left(adder), 0
         points = []
-        for r, overlap in scan.sharers(req, tokens, ns):
+        mine = as_tokens(tokens)
+        for r in scan.sharers(req, tokens, ns):
             need = req_len(r) - r.prefix_len
             # NOTE: the round may reach and take it (the traversal's case): the demand queued
             # between them fits, less the other sharers between (Blocked by `req`, they park)
@@ -142,6 +144,7 @@ class PlacementTargets:
                 siblings += need
                 if reachable:
                     continue
+            overlap = scan.overlap(r, mine)  # NOTE: a token compare: a reachable one needs none
             if overlap <= max(prefix, r.prefix_len):
                 continue  # NOTE: its own ready prefix reaches the fork: no state needed
             d = publish_at(self.grid, overlap, prefix, extend)

@@ -44,8 +44,8 @@ class SlotDeferral:
         self._defers: dict[str, int] = {}  # rid -> rounds deferred
         # NOTE: rid -> (scan, ready prefix, cut depth, key, users) of its last slot deferral
         self._waits: dict[str, tuple[int, int, int, tuple, float]] = {}
-        # NOTE: (scan, [(namespace, tokens, extend end)]) of the last scans' extends: no_buffer
-        # publishes each one's state at its end
+        # NOTE: (scan, [(namespace, tokens, extend end, first 16 tokens)]) of the last scans'
+        # extends: no_buffer publishes each one's state at its end
         self._extends: deque[tuple[int, list[tuple]]] = deque(maxlen=STALE)
 
     def defer(self, scan: BoundaryScan, req: Req, tokens, ns, adder: PrefillAdder,
@@ -90,12 +90,13 @@ class SlotDeferral:
         if (key in scan.serving or key in self.book.done
                 or self._defers.get(req.rid, 0) >= cap):
             return False
+        head = tokens[:16]  # NOTE: once per visit, not per extend (~50 visits a round)
         for number, extends in self._extends:
             if number < since:
                 continue
-            for s, t, end in extends:
+            for s, t, end, t_head in extends:
                 d = min(end, depth)
-                if s == ns and d > prefix and tokens[:16] == t[:16] and tokens[:d] == t[:d]:
+                if s == ns and d > prefix and head == t_head and tokens[:d] == t[:d]:
                     return False  # NOTE: a state on its path, or a sibling ran: the full rule
         if not self._wins(scan, req, tokens, prefix, depth, key, users, adder, running):
             return False
@@ -127,15 +128,16 @@ class SlotDeferral:
         # two rounds. A group: requests with its key in this scan's queue, selected or not.
         ahead = 0
         if scan.groups_at(depth).get(key, 0) > 1:
-            ahead = sum(1 for k in scan.slot_keys if k != key)
+            # NOTE: the keys other than `key` (slot_keys holds each once): O(1) per visit, not
+            # a pass over every group deferred so far this scan
+            ahead = len(scan.slot_keys) - (key in scan.slot_keys)
         return defer_wins(c, depth - prefix, len(tokens) - depth, behind, users, ahead)
 
     def end_scan(self, scan: BoundaryScan, run: Sequence[Req]) -> None:
         """The scan's extends (no_buffer: each publishes its state at its end), for
         `still_deferred`."""
         if self.grid.layout is Layout.NO_BUFFER:
-            self._extends.append((scan.number, [(namespace(r), req_tokens(r), r.extend_end)
-                                                for r in run]))
+            self._extends.append((scan.number, [_extend(r) for r in run]))
 
     def rids(self) -> set[str]:
         """Requests with a deferral kept across scans."""
@@ -148,3 +150,10 @@ class SlotDeferral:
     def keep_only(self, live: set[str]) -> None:
         self._defers = {k: v for k, v in self._defers.items() if k in live}
         self._waits = {k: v for k, v in self._waits.items() if k in live}
+
+
+def _extend(r: Req) -> tuple:
+    """An extend as `still_deferred` compares it: (namespace, tokens, extend end, the first 16
+    tokens). NOTE: the head is sliced once here, not once per deferred request that reads it."""
+    tokens = req_tokens(r)
+    return namespace(r), tokens, r.extend_end, tokens[:16]

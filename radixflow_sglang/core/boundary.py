@@ -560,13 +560,45 @@ def _kgram_index(a: tuple[int, ...], k: int) -> dict[tuple[int, ...], list[int]]
     return index
 
 
-def _pairs(a_index: dict, b: tuple[int, ...], k: int, b_index: dict | None,
-           common: frozenset | None) -> Iterable[tuple[int, int]]:
+_START = object()  # NOTE: the "token before" position 0: equal to no token
+
+
+def _pairs(a: tuple[int, ...], a_index: dict, b: tuple[int, ...], k: int,
+           b_index: dict | None, common: frozenset | None) -> Iterable[tuple[int, int]]:
     """(j, i) with b[j:j + k] == a[i:i + k], j then i ascending: every position of `b` looked
-    up, or (`b_index` and `common`, the k-grams both hold) only those of the common k-grams."""
+    up, or (`b_index` and `common`, the k-grams both hold) only those of the common k-grams
+    where a run may start: not both preceded by one token (`common_runs` skips those, inside
+    a run found at an earlier j)."""
     if b_index is None or common is None:
         return ((j, i) for j in range(len(b) - k + 1) for i in a_index.get(b[j:j + k], ()))
-    return sorted((j, i) for g in common for j in b_index[g] for i in a_index[g])
+    out = []
+    for g in common:
+        # NOTE: a's positions of g by the token before each: a run of one repeated token has
+        # g at every position, and all pairs of them cost |a| x |b| (~0.7 ms a tail pair)
+        before: dict = {}
+        for i in a_index[g]:
+            before.setdefault(a[i - 1] if i else _START, []).append(i)
+        for j in b_index[g]:
+            t = b[j - 1] if j else _START
+            out.extend((j, i) for p, ii in before.items() if p is _START or p != t
+                       for i in ii)
+    out.sort()
+    return out
+
+
+def _run_len(a: tuple[int, ...], i: int, b: tuple[int, ...], j: int) -> int:
+    """common_prefix(a[i:], b[j:]) (core/producers.py: its block doubles while it matches and
+    halves past the first mismatch, slices compared in C) on offsets: neither tail is copied
+    first (`common_runs` asks once per diagonal, ~75 times a kept tail on a repeated token)."""
+    n = min(len(a) - i, len(b) - j)
+    x, step, grow = 0, 64, True
+    while step:
+        if x + step <= n and a[i + x:i + x + step] == b[j + x:j + x + step]:
+            x += step
+            step = step * 2 if grow else step
+        else:
+            grow, step = False, step // 2
+    return x
 
 
 def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
@@ -580,12 +612,12 @@ def common_runs(a: tuple[int, ...], b: tuple[int, ...], k: int,
     same answer, without a Python pass over `b`)."""
     index = _kgram_index(a, k) if index is None else index
     runs = []
-    for j, i in _pairs(index, b, k, b_index, common):
+    for j, i in _pairs(a, index, b, k, b_index, common):
         if i and j and a[i - 1] == b[j - 1]:
             continue  # NOTE: inside a run found at an earlier j
         if i == 0 or j == 0:
             return None
-        n = k + common_prefix(a[i + k:], b[j + k:])  # NOTE: slices compared in C
+        n = k + _run_len(a, i + k, b, j + k)
         if i + n < len(a) and j + n < len(b):
             runs.append(a[i:i + n])
     return runs
