@@ -6,11 +6,12 @@ rules in the same order with the same names):
 
 1. HOLD (per pass, adapter/admission.py, core/admission.py `Gate.decide`): keep arrived work
    out of the scan a little longer, or release it.
-2. ORDER (per scan, adapter/runtime.py `RadixFlowRuntime._order`, after SGLang's
+2. ORDER (per scan, adapter/order.py `recheck_first`, after SGLang's
    `calc_priority`): the wait set is rechecked first, or SGLang's order stands.
-3. VISIT (per visited request, adapter/runtime.py `RadixFlowRuntime._visit`, before LoRA,
-   preemption or budget see it): held, parked (Blocked and waiting), or native handling.
-4. DEFER (per request native admission is about to take, `RadixFlowRuntime._defer`): skip
+3. VISIT (per visited request, core/points.py `visit`, asked by the runtime's `park` hook
+   before LoRA, preemption or budget see it): held, parked (Blocked and waiting), or native
+   handling.
+4. DEFER (per request native admission is about to take, core/points.py `defer`): skip
    this round, or admit natively.
 5. PLACE (per selected request, core/boundary.py `place_rule`, from adapter/boundary.py
    `BoundaryPublisher.admitted`): the boundary it publishes its state at, if any.
@@ -53,12 +54,12 @@ class Reason(StrEnum):
     DEADLINE = "deadline"  # the oldest held request reached the deadline: release
     HOLD = "hold"  # none of the above: hold
 
-    # --- ORDER (RadixFlowRuntime._order), per queued request, checked in this order -----------
+    # --- ORDER (adapter/order.py recheck_first), per queued request, in this order ------------
     PRIORITY_ORDER = "priority_order"  # priority scheduling orders the queue: SGLang's order
     RECHECKED_FIRST = "rechecked_first"  # parked in an earlier scan: visited before the rest
     QUEUE_ORDER = "queue_order"  # otherwise: SGLang's order
 
-    # --- VISIT (RadixFlowRuntime._visit), checked in this order --------------------------------
+    # --- VISIT (core/points.py visit), checked in this order -----------------------------------
     HELD = "held"  # the admission hold keeps it out of this scan
     NO_TRAVERSAL = "no_traversal"  # the policy (or --disable-radix-cache) has no traversal
     QUIET_SCAN = "quiet_scan"  # no candidate of this scan can wait (core/cost.py never_waits)
@@ -77,7 +78,7 @@ class Reason(StrEnum):
     RECOMPUTE_WINS = "recompute_wins"  # recomputing its gain now adds less latency
     BOUND_SPENT = "bound_spent"  # parked its last allowed round: native handling
 
-    # --- DEFER (RadixFlowRuntime._defer), checked in this order --------------------------------
+    # --- DEFER (core/points.py defer), checked in this order -----------------------------------
     NEWCOMER = "newcomer"  # keeps out of a released consumer's round (core/cost.py)
     NO_CUT = "no_cut"  # no chunk budget, or first of its round: native admission
     BOUNDARY_SLOT = "boundary_slot"  # its boundary cut waits for SGLang's one chunk slot
