@@ -26,6 +26,7 @@ from radixflow_sglang.core.reasons import (
     Action,
     Reason,
     ablating,
+    enabled,
     parse_ablate,
 )
 from radixflow_sglang.core.traversal import Traversal, TraversalConfig
@@ -54,8 +55,6 @@ def test_a_case_is_ablated_with_its_rule():
             with pytest.raises(ValueError, match=f"a case of rule '{rule.reason.value}'"):
                 parse_ablate(case.value)
             if not (rule.guard or rule.default):
-                from radixflow_sglang.core.reasons import enabled
-
                 with ablating([rule.reason]):
                     assert not enabled(case)
                 assert enabled(case)

@@ -225,13 +225,10 @@ class PublishFacts:
              adder: PrefillAdder, cut_ok: bool, source: Reason) -> Reason:
         """The PUBLISH rule that fires for `depth` (placed by PLACE rule `source`)."""
         can_cut = cut_ok and adder.new_chunked_req in (None, req)
-
-        def key() -> tuple:
-            return scan.keys.of(req, tokens, ns, depth)
-
         return publish_rule(
             depth, self.grid.layout, can_cut, source != Reason.DECLARED,
-            lambda: self.pays(scan, req, tokens, ns, depth, key(), adder, source))
+            lambda: self.pays(scan, req, tokens, ns, depth, scan.keys.of(req, tokens, ns, depth),
+                              adder, source))
 
     def pays(self, scan: BoundaryScan, req: Req, tokens, ns, depth: int, key: tuple,
              adder: PrefillAdder, source: Reason) -> bool:
