@@ -138,8 +138,8 @@ def test_guards_and_defaults_are_not_ablatable():
     from radixflow_sglang.core.reasons import parse_ablate
 
     guards = {r.reason for r in RULEBOOK if r.guard}
-    assert guards == {Reason.NO_TRAVERSAL, Reason.NOT_BLOCKED, Reason.NO_CUT, Reason.FITS,
-                      Reason.OUTSIDE, Reason.SLOT_TAKEN, Reason.FORK_SLOT}
+    assert guards == {Reason.NO_TRAVERSAL, Reason.NOT_BLOCKED, Reason.NO_CUT, Reason.OUTSIDE,
+                      Reason.FORK_SLOT}
     for reason in guards:
         with pytest.raises(ValueError, match="a guard"):
             parse_ablate(reason.value)

@@ -210,10 +210,14 @@ def test_rule_move():
     publish(R.MOVE, (64, EB, True, True, yes), R.CUT)
 
 
-def test_rule_slot_taken():
-    # NOTE: a guard: past it the cut would be a second chunked request, overwriting SGLang's one
+def test_case_slot_taken():
+    # NOTE: the guard `outside`'s case: past it the cut would be a second chunked request,
+    # overwriting SGLang's one; a boundary that moves (extra_buffer) needs no cut
     assert publish_rule(64, NB, False, True, yes) is R.SLOT_TAKEN
-    with pytest.raises(ValueError, match="a guard"):
+    assert publish_rule(64, EB, False, True, yes) is R.MOVE
+    with ablating([R.MOVE]):
+        assert publish_rule(64, EB, False, True, yes) is R.SLOT_TAKEN
+    with pytest.raises(ValueError, match="a case of rule 'outside'"):
         parse_ablate(R.SLOT_TAKEN.value)
 
 
@@ -527,7 +531,7 @@ def test_rule_boundary_slot():
     decides(R.BOUNDARY_SLOT, burst, layout="no_buffer")
 
 
-def test_rule_fits():
+def test_case_fits():
     decides(R.FITS, long_doc, guard=True, policy="radixflow-frag", tokens=1024)
 
 

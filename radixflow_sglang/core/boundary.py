@@ -721,14 +721,17 @@ def publish_rule(depth: int | None, layout: Layout, can_cut: bool, learned: bool
     """PUBLISH: how a placed boundary at `depth` publishes, first rule that fires. `can_cut`:
     SGLang's one chunk slot is free for it (and chunked prefill on); `learned`: not declared;
     `pays`: a learned no_buffer cut pays for its round (asked lazily, last)."""
-    if depth is None:
+    if depth is None:  # NOTE: the guard `outside`: nothing to publish in this extend
         return Reason.OUTSIDE
     eb = layout is Layout.EXTRA_BUFFER
-    if eb and enabled(Reason.MOVE):
-        return Reason.MOVE  # NOTE: the one tracked state moves inside its forward: free
-    # NOTE: a cut (no_buffer; extra_buffer with `move` ablated publishes only where it cuts)
-    if not can_cut:  # NOTE: a guard: a cut would overwrite SGLang's one chunked request
+    moves = eb and enabled(Reason.MOVE)
+    # NOTE: its case `slot_taken`: the boundary needs a cut (no_buffer; extra_buffer with
+    # `move` ablated publishes only where it cuts) and a cut would overwrite SGLang's one
+    # chunked request
+    if not moves and not can_cut:
         return Reason.SLOT_TAKEN
+    if moves:
+        return Reason.MOVE  # NOTE: the one tracked state moves inside its forward: free
     # NOTE: a guessed state that saves less than its round is not worth the cut
     if learned and not eb and enabled(Reason.CUT_UNPAID) and not pays():
         return Reason.CUT_UNPAID

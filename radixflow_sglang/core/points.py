@@ -94,8 +94,8 @@ class DeferFacts(Protocol):
     `DeferFacts`)."""
 
     newcomer: bool  # cost-aware: joining a released consumer's round costs more than a round
-    chunking: bool  # a chunk budget, and rows taken before it (else nothing can be cut)
     slot_wait: bool  # no_buffer: its boundary cut must wait for SGLang's one chunk slot
+    chunking: bool  # a chunk budget, and rows taken before it (else nothing can be cut)
     fits: bool  # it fits the residual chunk budget whole (SGLang's `add_one_req` would not cut)
     fork_chunk: bool  # a fork-cut producer holds SGLang's one chunk slot this scan
     fragment: bool  # +Frag: the cut would leave a fragment shorter than G (publishes no state)
@@ -107,11 +107,15 @@ def defer(f: DeferFacts) -> tuple[Action, Reason]:
     it consumes anything; else native admission (whole, or cut as SGLang cuts)."""
     if enabled(Reason.NEWCOMER) and f.newcomer:
         return Action.DEFER, Reason.NEWCOMER
-    if not f.chunking:  # NOTE: a guard: no chunk budget, no cut to ask about
-        return Action.ADMIT, Reason.NO_CUT
+    # NOTE: a slot wait needs a chunk cut this round already (`adder.new_chunked_req`): with
+    # no chunk budget (or no row taken) it cannot hold, so it is asked before `no_cut`
     if enabled(Reason.BOUNDARY_SLOT) and f.slot_wait:
         return Action.DEFER, Reason.BOUNDARY_SLOT
-    if f.fits:  # NOTE: a guard: the rules below read its cut
+    # NOTE: the guard `no_cut`: no chunk budget, no cut to ask about; its case `fits`: the
+    # request is not cut (the rules below read its cut)
+    if not f.chunking:
+        return Action.ADMIT, Reason.NO_CUT
+    if f.fits:
         return Action.ADMIT, Reason.FITS
     if f.fork_chunk:  # NOTE: a guard: a native cut would displace the producer's chunk
         return Action.DEFER, Reason.FORK_SLOT

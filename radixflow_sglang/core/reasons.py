@@ -80,8 +80,8 @@ class Reason(StrEnum):
 
     # --- DEFER (core/points.py defer), checked in this order -----------------------------------
     NEWCOMER = "newcomer"  # keeps out of a released consumer's round (core/cost.py)
-    NO_CUT = "no_cut"  # no chunk budget, or first of its round: native admission
     BOUNDARY_SLOT = "boundary_slot"  # its boundary cut waits for SGLang's one chunk slot
+    NO_CUT = "no_cut"  # no chunk budget, or first of its round: native admission
     FITS = "fits"  # fits the residual chunk budget whole: native admission
     FORK_SLOT = "fork_slot"  # a fork-cut producer holds SGLang's one chunk slot
     NATIVE_CUT = "native_cut"  # native chunking (not a fragment, or no fragment guard)
@@ -99,8 +99,8 @@ class Reason(StrEnum):
 
     # --- PUBLISH (core/boundary.py publish_rule): how a placed boundary publishes -----------
     OUTSIDE = "outside"  # its grid floor is not inside this extend (ready < d < end)
+    SLOT_TAKEN = "slot_taken"  # a cut finds SGLang's one chunk slot taken (or no chunking)
     MOVE = "move"  # extra_buffer: the one tracked state moves there
-    SLOT_TAKEN = "slot_taken"  # no_buffer: SGLang's one chunk slot is taken (or no chunking)
     CUT_UNPAID = "cut_unpaid"  # no_buffer, not declared: the cut does not pay for its round
     CUT = "cut"  # no_buffer: cut the extend there (SGLang's one chunked request)
 
@@ -217,14 +217,14 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(DEFER, Reason.NEWCOMER, Action.DEFER,
          "cost-aware: joining a released consumer's round costs more than a round (once)",
          kept="off: mean 1.120x (4b mix α8 extra_buffer, seed 2)"),
-    Rule(DEFER, Reason.NO_CUT, Action.ADMIT, "no chunk budget, or the round's first request",
-         guard=True,
-         kept="guard: off, the chunk rules meet no budget"),
     Rule(DEFER, Reason.BOUNDARY_SLOT, Action.DEFER,
          "no_buffer: its boundary cut must wait for SGLang's one chunk slot",
          kept="off: mean 1.306x (4b gsp no_buffer)"),
-    Rule(DEFER, Reason.FITS, Action.ADMIT, "it fits the residual chunk budget whole", guard=True,
-         kept="guard: off, the arm fails (TypeError)"),
+    Rule(DEFER, Reason.NO_CUT, Action.ADMIT,
+         "admission cuts no chunk: no chunk budget, or the round's first request; or it fits "
+         "the residual chunk budget whole (`fits`)", guard=True, cases=(Reason.FITS,),
+         kept=("guard: off, the chunk rules meet no budget; `fits` off, the arm fails "
+               "(TypeError: the rules below read its cut)")),
     Rule(DEFER, Reason.FORK_SLOT, Action.DEFER,
          "a fork-cut producer holds SGLang's one chunk slot", guard=True,
          kept=("guard: a native cut would displace the producer's chunk, its prompt never "
@@ -262,13 +262,13 @@ RULEBOOK: tuple[Rule, ...] = (
          default=True,
          kept="the point's otherwise"),
     Rule(PUBLISH, Reason.OUTSIDE, Action.NATIVE,
-         "the boundary's grid floor is not inside this extend", guard=True,
-         kept="guard: off, the arm fails (TypeError: a cut at no depth)"),
+         "the boundary cannot publish here: its grid floor is not inside this extend, or it "
+         "needs a cut (no_buffer, or `move` off) and SGLang's one chunk slot is taken or "
+         "chunked prefill is off (`slot_taken`)", guard=True, cases=(Reason.SLOT_TAKEN,),
+         kept=("guard: off, the arm fails (TypeError: a cut at no depth); `slot_taken` off, a "
+               "cut would overwrite SGLang's one chunked request")),
     Rule(PUBLISH, Reason.MOVE, Action.MOVE, "extra_buffer: move the one tracked state",
          kept="off: mean 0.956-1.754x (26 of 56; lower in 4: mix α8 extra_buffer + overlap)"),
-    Rule(PUBLISH, Reason.SLOT_TAKEN, Action.NATIVE,
-         "a cut: SGLang's one chunk slot is taken, or chunked prefill is off", guard=True,
-         kept="guard: a cut would overwrite SGLang's one chunked request"),
     Rule(PUBLISH, Reason.CUT_UNPAID, Action.NATIVE,
          "no_buffer, not declared: the cut does not pay for its round (cut must pay, tail "
          "guard)", kept="off: mean 1.050-1.316x (8 of 56)"),
