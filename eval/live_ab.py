@@ -468,12 +468,14 @@ def calibrated_cost(trace: Path, overlap: bool, default):
 
 
 def twin_pair(segments, args: argparse.Namespace, cost, layout: str,
-              host=None, lag: float = 0.0) -> dict[str, Any]:
+              host=None, lag: float = 0.0, spread: float = 0.0) -> dict[str, Any]:
     """The twin's stock and radixflow (and, --lpm, stock-lpm) on the same requests, their
-    ratios to stock (`host`: scans charged, eval/hostcost.py)."""
+    ratios to stock (`host`: scans charged, eval/hostcost.py; `lag`, `spread`: the live
+    arrivals' release lag and branch spread, eval/twin.py `replay`)."""
     arms = (*ARMS, LPM) if getattr(args, "lpm", False) else ARMS
     preds = {a: run_arms.twin_prediction(run_arms.ArmSpec.of(a), segments, args.model,
-                                         args.overlap, args.seed, cost, layout, host, lag)
+                                         args.overlap, args.seed, cost, layout, host, lag,
+                                         spread)
              for a in arms}
     out = {"ratios": ab_report.twin_ratios(preds[ARMS[0]], preds[ARMS[1]]),
            "arms": preds, "layout": layout, "cost_model": cost.as_dict()}
@@ -559,16 +561,22 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
         # NOTE: a registration waits for the scan after the running forward: at a long-round
         # profile (paper) the rounds, not the sender, space them; later profiles take this one
         w.release_lag_s = lag or None
-    out = {"default": twin_pair(segs, args, default, layout, lag=lag)}
+    spread = run_arms.branch_spread(Path(ref.dir) / "requests.jsonl") if ref else None
+    if w.bench is None and spread:
+        lag_note += (f"; a question's branches {spread * 1e3:.2f} ms apart, as the live client "
+                     "sent them")
+    spread = spread if w.bench is None and spread else 0.0
+    out = {"default": twin_pair(segs, args, default, layout, lag=lag, spread=spread)}
     out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}{lag_note}"
-    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"), lag)
+    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"), lag, spread)
     out["scans"]["note"] = (f"{default.source} cost model, each scan charged its CPU time "
                             f"measured on this host (eval/hostcost.py `measured`), layout "
                             f"{layout}{lag_note}")
     cost, note = ((None, "no radixflow run succeeded") if ref is None
                   else calibrated_cost(Path(ref.dir) / "trace.jsonl", args.overlap, default))
     out["calibrated"] = ({"note": note} if cost is None
-                         else twin_pair(segs, args, cost, layout, lag=lag) | {"note": note})
+                         else twin_pair(segs, args, cost, layout, lag=lag, spread=spread)
+                         | {"note": note})
     if w.bench is not None:
         out["replay"] = live_twin(w, runs, segs, args, default, layout)
     for name, t in out.items():

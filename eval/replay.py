@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "completion siblings) reach the scheduler this many ms apart, in send "
                         "order, as a live server's HTTP and tokenizer take them in turn; "
                         "latency still counts from the release (default 0: together)")
+    p.add_argument("--branch-spread-ms", type=cli.non_negative(float, "a number"), default=0.0,
+                   help="a question's branches reach the scheduler this many ms apart, in "
+                        "branch order, as a live client's concurrent sends pass HTTP and the "
+                        "tokenizer in turn (eval.live_ab measures it); latency still counts "
+                        "from the question's arrival (default 0: together)")
     p.add_argument("--alpha-ms", type=cli.non_negative(float, "a number"), default=None,
                    help="cost model: fixed ms per round (default: eval/costmodel.py's)")
     p.add_argument("--beta-us", type=cli.non_negative(float, "a number"), default=None,
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "questions": args.questions, "seed": args.seed, "layout": args.layout,
         "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
         "executor": args.executor, "undeclared": args.undeclared, "profile": args.profile,
-        "release_lag_ms": args.release_lag_ms,
+        "release_lag_ms": args.release_lag_ms, "branch_spread_ms": args.branch_spread_ms,
     }
     if args.workload in TRAFFIC_WORKLOADS:
         from eval.traffic import describe
@@ -340,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         res = run_arm(segments, args.model, base, layout=args.layout, overlap=args.overlap,
                       seed=args.seed, progress=progress, cost=cost, host=host,
                       radixflow_config=trace_config(args.trace, base), executor=args.executor,
-                      kit_overrides=kit, release_lag_s=args.release_lag_ms / 1e3)
+                      kit_overrides=kit, release_lag_s=args.release_lag_ms / 1e3,
+                      branch_spread_s=args.branch_spread_ms / 1e3)
         arms[policy] = res
         if res.ok:
             m = res.metrics

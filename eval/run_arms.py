@@ -647,8 +647,30 @@ def release_lag(events: Sequence[Mapping[str, Any]] | None, segments, prefix: st
     return statistics.median(spans) if spans else None
 
 
+def branch_spread(requests: Path) -> float | None:
+    """How far apart a live client sent a question's branches (seconds per gap): per question
+    of several branches its send span / (branches - 1), the median over questions (None
+    without such questions). The twin's `branch_spread_s`: a lower bound of their spread at
+    the scheduler, whose HTTP and tokenizer take them in turn after the sends."""
+    import json
+    import statistics
+
+    sends: dict[tuple, list[float]] = {}
+    try:
+        with open(requests) as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("send_s") is not None:
+                    sends.setdefault((r.get("segment"), r.get("qid")), []).append(r["send_s"])
+    except OSError:
+        return None
+    spans = [(max(v) - min(v)) / (len(v) - 1) for v in sends.values() if len(v) > 1]
+    return statistics.median(spans) if spans else None
+
+
 def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: int, cost,
-                    layout: str, host=None, release_lag_s: float = 0.0) -> dict[str, Any]:
+                    layout: str, host=None, release_lag_s: float = 0.0,
+                    branch_spread_s: float = 0.0) -> dict[str, Any]:
     """The twin's figures (TWIN_KEYS) for one arm: the same workload, policy and boundary mode
     in virtual time, free scans (`host`: an eval.hostcost.HostCost charges them, eval/twin.py
     `run_arm`); a failure is recorded with its error, never filled in."""
@@ -659,10 +681,11 @@ def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: in
           else RadixFlowConfig(policy=spec.policy, boundaries=spec.boundaries))
     out: dict[str, Any] = {"layout": layout, "cost_model": cost.source,
                            "host": None if host is None else host.source,
-                           "release_lag_ms": release_lag_s * 1e3}
+                           "release_lag_ms": release_lag_s * 1e3,
+                           "branch_spread_ms": branch_spread_s * 1e3}
     res = run_arm(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
                   seed=seed, host=host, radixflow_config=rf, kit_overrides=spec.kit_overrides,
-                  release_lag_s=release_lag_s)
+                  release_lag_s=release_lag_s, branch_spread_s=branch_spread_s)
     if res.error is not None:
         return out | {"failed": True, "error": res.error[:2000], "wall_s": res.wall_s}
     return out | {k: res.metrics.get(k) for k in TWIN_KEYS} | {"wall_s": res.wall_s}
@@ -679,19 +702,24 @@ def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
     lag = getattr(args, "release_lag_s", None)
     if lag is None:
         lag = live_release_lag(arms, specs, segments, args.out)
+    spread = next((b for spec in specs if not spec.fork and arms.get(spec.name) is not None
+                   and (b := branch_spread(args.out / f"arm-{spec.name}" / "requests.jsonl"))
+                   is not None), None)
     for spec in specs:
         if spec.fork:
             continue  # NOTE: re-tokenized text: the twin's ids are not what the server saw
         layout = server_layout(args.out / f"arm-{spec.name}")
         arms[spec.name].twin = twin_prediction(spec, segments, args.model, args.overlap,
-                                               args.seed, cost, layout, host, lag or 0.0)
+                                               args.seed, cost, layout, host, lag or 0.0,
+                                               spread or 0.0)
         t = arms[spec.name].twin
         print(f"[{spec.name} twin] " + (f"FAILED: {t['error']}" if t.get("failed") else
                                         f"sched={t['scheduled_tokens']} rounds={t['rounds']} "
                                         f"lat_mean={t['latency_mean_s']:.4f}s"),
               file=sys.stderr)
     return {"cost": cost.as_dict(), "host_cost": None if host is None else host.as_dict(),
-            "release_lag_ms": None if lag is None else lag * 1e3}
+            "release_lag_ms": None if lag is None else lag * 1e3,
+            "branch_spread_ms": None if spread is None else spread * 1e3}
 
 
 def live_release_lag(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,

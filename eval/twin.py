@@ -301,6 +301,7 @@ def replay(
     ignore_eos: bool = True,
     executor: str = "witness",
     release_lag_s: float = 0.0,
+    branch_spread_s: float = 0.0,
 ) -> ArmResult:
     """Replay segments in sequence through a fresh Kit in virtual time; raise on any violation.
 
@@ -318,6 +319,9 @@ def replay(
     in send order (a live server's HTTP and tokenizer take each request in turn: ~9-13 ms on
     the 2-core box at the box profile); their latency still counts from the release, as the
     live client counts it from the send.
+    `branch_spread_s`: a question's branches reach the scheduler this far apart, in branch
+    order, instead of together (the live client sends them at once, but each goes through
+    HTTP and the tokenizer in turn); its latency still counts from its arrival.
     """
     import torch
 
@@ -330,14 +334,15 @@ def replay(
                        cost=cost, seed=seed, progress=progress, kit_overrides=kit_overrides,
                        radixflow_config=radixflow_config, host=host, on_forward=on_forward,
                        gpu=gpu, ignore_eos=ignore_eos, executor=executor,
-                       release_lag_s=release_lag_s)
+                       release_lag_s=release_lag_s, branch_spread_s=branch_spread_s)
     finally:
         torch.set_num_threads(threads)
 
 
 def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
             kit_overrides, radixflow_config, host=None, on_forward=None, gpu=None,
-            ignore_eos=True, executor="witness", release_lag_s=0.0) -> ArmResult:
+            ignore_eos=True, executor="witness", release_lag_s=0.0,
+            branch_spread_s=0.0) -> ArmResult:
     from radixflow_sglang.testing.kit import Kit, KitConfig
     from radixflow_sglang.testing.loop import VirtualClock, VirtualLoop
 
@@ -440,13 +445,26 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
                 visible[f] = arrival + k * release_lag_s
                 for b in qobj[f].branches:
                     branches[b.rid].arrival_s = arrival
-                loop.arrive(f)
+                for item in arrivals(f):
+                    loop.arrive(item)
 
-    def submit(qi: int) -> None:
+    def arrivals(qi: int) -> list:
+        """The loop's arrivals of question `qi`: the question, or (`branch_spread_s`) each of
+        its branches, (qi, j)."""
+        if not branch_spread_s:
+            return [qi]
+        return [(qi, j) for j in range(len(qobj[qi].branches))]
+
+    def at(item) -> float:
+        qi, j = item if branch_spread_s else (item, 0)
+        return visible.get(qi, result.questions[qi].arrival_s) + j * branch_spread_s
+
+    def submit(item) -> None:
+        qi, j = item if branch_spread_s else (item, None)
         q = qobj[qi]
         kit.submit(*[kit.req(b.rid, b.input_ids, b.namespace, max_new_tokens=b.max_new_tokens,
-                             output=b.output, ignore_eos=ignore_eos,
-                             boundary=b.boundary) for b in q.branches])
+                             output=b.output, ignore_eos=ignore_eos, boundary=b.boundary)
+                     for b in (q.branches if j is None else [q.branches[j]])])
 
     kit.on_retract = retracted
     prefill = gpu or (lambda rnd: cost.batch(rnd.extend, rnd.prefix))
@@ -469,8 +487,9 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         blocked0 = rt.totals.blocked if rt is not None else 0
         order = _questions(seg, result, branches, qobj, followers, q_done, q_size, si, offset)
         try:
-            info.end_s = loop.run(order, lambda qi: visible.get(qi, result.questions[qi].arrival_s),
-                                  submit)
+            # NOTE: sorted is stable: without a spread, the questions in send order
+            info.end_s = loop.run(sorted((it for qi in order for it in arrivals(qi)), key=at),
+                                  at, submit)
         except RuntimeError as e:
             if "never processed" in str(e):
                 raise ConservationError(f"segment {seg.name}: {e}") from None
@@ -749,7 +768,7 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
             progress: bool = False, host: Any = None,
             radixflow_config: Any = None, executor: str = "witness",
             kit_overrides: dict[str, Any] | None = None,
-            release_lag_s: float = 0.0) -> ArmResult:
+            release_lag_s: float = 0.0, branch_spread_s: float = 0.0) -> ArmResult:
     """`replay`, where a failure is a failed arm: it carries its error and no numbers.
 
     `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
@@ -764,7 +783,8 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
         res = replay(segments, model, policy, layout=layout, overlap=overlap, cost=cost,
                      seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host),
                      radixflow_config=radixflow_config, executor=executor,
-                     kit_overrides=kit_overrides, release_lag_s=release_lag_s)
+                     kit_overrides=kit_overrides, release_lag_s=release_lag_s,
+                     branch_spread_s=branch_spread_s)
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)

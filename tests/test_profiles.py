@@ -359,3 +359,39 @@ def test_run_arms_runs_each_profile_with_the_lpm_arm_and_puts_them_side_by_side(
     md = (out / "profiles.md").read_text()
     assert all(f"| {p} |" in md and f"| {a} |" in md for p in ("box", "paper")
                for a in ("stock-lpm", "radixflow"))
+
+
+def test_spread_branches_reproduce_the_live_servers_two_rounds_per_question():
+    """A live client sends a question's four branches at once, but they reach the scheduler
+    ~0.6-0.8 ms apart (HTTP, tokenizer); the first finds an idle scheduler and runs alone, the
+    others register after its forward (live paper mix, 0.8b: 99 of 144 questions in two
+    rounds, ~200 rounds a run; the twin with them together: 150). With the spread the twin
+    runs each question's first branch alone; latency still counts from the question's
+    arrival."""
+    from eval.costmodel import profile_cost
+    from eval.twin import run_arm
+    from eval.workload import workload
+
+    segs = workload("synthetic", MODEL, regime="cold", order="forward", questions=3, rate=1.0)
+    cost = profile_cost("box", MODEL)
+    together = run_arm(segs, MODEL, "stock", cost=cost)
+    spread = run_arm(segs, MODEL, "stock", cost=cost, branch_spread_s=0.0008)
+    assert together.ok and spread.ok, (together.error, spread.error)
+    # NOTE: 5 rounds together (a quality question's 4 x 3.4k tokens take two 8,192-token
+    # rounds); spread, every question's first branch runs alone first
+    assert together.metrics["rounds"] == 5
+    assert spread.metrics["rounds"] == 6
+    assert spread.metrics["scheduled_tokens"] != together.metrics["scheduled_tokens"]
+    first = {q.qid: q.arrival_s for q in together.questions}
+    assert all(q.arrival_s == first[q.qid] for q in spread.questions)
+    assert all(q.latency_s > 0.005 for q in spread.questions)
+
+
+def test_branch_spread_reads_the_clients_sends_per_question(tmp_path):
+    path = tmp_path / "requests.jsonl"
+    sends = {("s", "q0"): [1.0, 1.001, 1.002, 1.003], ("s", "q1"): [2.0, 2.0005],
+             ("s", "q2"): [3.0]}
+    path.write_text("".join(json.dumps({"segment": s, "qid": q, "send_s": t}) + "\n"
+                            for (s, q), ts in sends.items() for t in ts))
+    assert run_arms.branch_spread(path) == pytest.approx(0.00075)  # median of 1 and 0.5 ms
+    assert run_arms.branch_spread(tmp_path / "missing.jsonl") is None
