@@ -19,6 +19,7 @@ from radixflow_sglang.core.admission import (
     ArrivalRate,
     Decision,
     Demand,
+    Followers,
     Gate,
     local_agreement,
 )
@@ -26,13 +27,23 @@ from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.reasons import Reason
 from radixflow_sglang.core.stats import RequestStats
 
-from .reqs import req_len, round_budget
+from .reqs import namespace, req_len, round_budget
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.scheduler import Scheduler
 
 Sleep = Callable[[float], None]
+
+# NOTE: a burst's requests (a question's branches, n samples) share far more than this; two
+# unrelated prompts rarely share their first 32 tokens in one namespace (a shared system
+# prompt's do: its followers are then expected as long as they keep coming)
+FOLLOW_SPAN = 32  # tokens of a request's prompt that name its burst (`burst_key`)
+
+
+def burst_key(req: Req) -> tuple:
+    """What a request's burst shares (core/admission.py `Followers`): namespace, first tokens."""
+    return namespace(req), tuple(req.origin_input_ids[:FOLLOW_SPAN])
 
 
 class AdmissionHold:
@@ -48,7 +59,8 @@ class AdmissionHold:
                  register: Callable[[Req], None], release: Callable[[Scheduler, Req], None], *,
                  clock: Callable[[], float] = time.monotonic, sleep: Sleep = time.sleep,
                  agreement: Agreement = local_agreement,
-                 cost: Callable[[], CostCoeffs] | None = None) -> None:
+                 cost: Callable[[], CostCoeffs] | None = None,
+                 followers: Followers | None = None) -> None:
         self.gate = gate
         self.requests = requests
         self.register = register
@@ -58,6 +70,7 @@ class AdmissionHold:
         self.agreement = agreement
         self.cost = cost
         self.arrivals = ArrivalRate()
+        self.followers = followers if followers is not None else Followers()
         self.held_iterations = 0
         self.waits = 0  # holds that waited (nothing else to run)
         self.overtakes = 0
@@ -69,9 +82,11 @@ class AdmissionHold:
         """True: keep the queue out of this round (flexible admission / timer control)."""
         queue = sched.waiting_queue
         if not queue:
+            self.followers.passed()
             return False
         now = self.clock()
         fresh = self._fresh(queue, now)
+        self.followers.passed()  # NOTE: after this pass's arrivals counted as followers
         if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
         demand = self._demand(sched, running_batch, queue, fresh, now)
@@ -84,6 +99,7 @@ class AdmissionHold:
             # stay out of the scan (`park` skips them), so nothing overtakes them.
             return False
         self.held_iterations += 1
+        self.followers.held(burst_key(min(fresh, key=lambda r: self.requests[r.rid].seq)))
         if not demand.busy:
             self._wait(demand, now)
         return True
@@ -95,6 +111,7 @@ class AdmissionHold:
             rs = requests.get(r.rid)
             if rs is None:  # NOTE: one lookup per queued request (this runs every pass)
                 self.arrivals.add(now, len(r.origin_input_ids))
+                self.followers.arrived(r.rid, burst_key(r))
                 self.register(r)
                 rs = requests[r.rid]
             if not rs.eligible:
@@ -151,11 +168,14 @@ class AdmissionHold:
                     # NOTE: the gate only asks whether the residual fills the budget (core/
                     # admission.py rule c), and the sum only grows: the rest need no match
                     break
-        oldest = min(self.requests[r.rid].registered for r in fresh)
+        first = min(fresh, key=lambda r: self.requests[r.rid].seq)
+        oldest = self.requests[first.rid].registered
         cost = self.cost() if self.cost is not None else None
+        keys = {burst_key(r) for r in fresh}
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
-                      self.arrivals.burst())
+                      self.arrivals.burst(), self.followers.more(burst_key(first)),
+                      len(keys))
 
     def take_release_reason(self) -> str:
         reason, self.release_reason = self.release_reason, ""

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from radixflow_sglang.core.admission import Followers
 from radixflow_sglang.core.stats import RequestStats
 from radixflow_sglang.core.traversal import Traversal
 
@@ -25,10 +26,12 @@ SWEEP_SLACK = 1024  # records past twice the queue that start a whole sweep
 
 class Records:
     """Per-request records: the runtime's `requests` (RequestStats) and fragment deferrals,
-    the traversal's wait set and wait history, the boundary publisher's keys."""
+    the traversal's wait set and wait history, the boundary publisher's keys, the admission
+    hold's burst heads (core/admission.py `Followers`)."""
 
     def __init__(self, traversal: Traversal | None, boundary: BoundaryPublisher,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], followers: Followers | None = None) -> None:
+        self.followers = followers  # the admission hold's bursts (their heads' rids)
         self.requests: dict[str, RequestStats] = {}
         self.frag_deferred: dict[str, int] = {}  # rid -> DEFER `fragment` decisions so far
         self.traversal, self.boundary, self.clock = traversal, boundary, clock
@@ -57,6 +60,8 @@ class Records:
         rs = self.requests.pop(rid, None)
         self.frag_deferred.pop(rid, None)
         self.boundary.forget(rid)
+        if self.followers is not None:
+            self.followers.selected(rid)  # NOTE: a head's followers count until the next pass
         if self.traversal is not None:
             self.traversal.waits.forget(rid)
         return rs
@@ -91,7 +96,8 @@ class Records:
         return {"requests": len(self.requests), "frag_deferred": len(self.frag_deferred),
                 "wait_set": len(t.waits) if t is not None else 0,
                 "wait_history": len(t.waits.total_rounds) if t is not None else 0,
-                "boundary": self.boundary.records()}
+                "boundary": self.boundary.records(),
+                "bursts": self.followers.open() if self.followers is not None else 0}
 
     def parked(self) -> list[str]:
         """Requests in the wait set now."""

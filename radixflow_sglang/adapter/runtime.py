@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.config import RadixFlowConfig  # noqa: F401  (re-export, moved there)
-from radixflow_sglang.core.admission import Agreement, Gate, local_agreement
+from radixflow_sglang.core.admission import Agreement, Followers, Gate, local_agreement
 from radixflow_sglang.core.cost import (
     GENERIC_PRIOR,
     CostCoeffs,
@@ -99,8 +99,10 @@ class RadixFlowRuntime:
         self.roundcost = RoundCost(prior or GENERIC_PRIOR, cfg.round_overhead_ms,
                                    rated=self.spec.cost_aware and self.traversal is not None,
                                    lag=tcfg.lag, clock=clock, trace=self.trace, metrics=metrics)
-        self.records = Records(self.traversal, self._publisher(reuse), clock)
-        self.admission = self._hold(clock, sleep, agreement)
+        # NOTE: the hold's bursts, whose heads the records drop with their request
+        followers = Followers() if self.spec.admission else None
+        self.records = Records(self.traversal, self._publisher(reuse), clock, followers)
+        self.admission = self._hold(clock, sleep, agreement, followers)
         self.report = Reporting(self.trace, metrics, self.admission)
         self.totals = Totals()
         self.round = 0
@@ -122,14 +124,15 @@ class RadixFlowRuntime:
         """The publisher's tail guard reads the current scan's (`Scan.older_by`)."""
         return self.scan.older_by(req, adder)
 
-    def _hold(self, clock, sleep: Sleep, agreement: Agreement) -> AdmissionHold | None:
+    def _hold(self, clock, sleep: Sleep, agreement: Agreement,
+              followers: Followers | None) -> AdmissionHold | None:
         """The admission hold (None: no admission control); it prices with the decision's fit."""
         adm = self.spec.admission
         self.gate = Gate(adm, self.spec.admission_ms, cost_aware=self.spec.hold_cost) if adm \
             else None
         return None if self.gate is None else AdmissionHold(
             self.gate, self.requests, self._register, release_parked, clock=clock, sleep=sleep,
-            agreement=agreement, cost=lambda: self.cost.decision_coeffs)
+            agreement=agreement, cost=lambda: self.cost.decision_coeffs, followers=followers)
 
     def _register(self, req: Req) -> None:
         self.records.register(req, self.round, self.roundcost.agreed_now)

@@ -12,7 +12,7 @@ tensor-parallel rank, so the adapter shares rank 0's decision through `Agreement
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from radixflow_sglang.core.cost import CostCoeffs
@@ -34,6 +34,10 @@ class Demand:
     mean_extend: float = 0.0  # mean input length of recent arrivals (tokens)
     cost: CostCoeffs | None = None  # the round-cost fit (rank-identical)
     burst: float = 1.0  # requests per arrival: registered in the same pass (rank-local)
+    # the chance another request of the oldest held one's burst follows (`Followers.more`;
+    # rank-identical)
+    followers: float = 0.0
+    heads: int = 1  # held requests that head a burst of their own (distinct questions)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,100 @@ def hold_gain(held: int, rate: float, mean_extend: float, c: CostCoeffs,
     return rate / burst * (c.alpha - held * burst * join) - held
 
 
+def burst_gain(heads: int, more: float, wait_left: float, mean_extend: float,
+               c: CostCoeffs) -> float:
+    """Net latency (s) holding the rest of the wait saves when another request of the oldest
+    held request's burst follows with probability `more` (`Followers.more`). A burst is one
+    question (its latency is its last request's, as core/cost.py `RoundView.tied`): released
+    now, its held requests run alone and a follower, arriving during that forward, in a round
+    of its own after it; held until it comes (at most `wait_left`), all run in one round,
+    saving the question that round's fixed cost alpha. The question pays the wait; each other
+    held question (`heads` - 1) pays the wait and the follower's work. Positive: holding
+    wins."""
+    if more <= 0 or wait_left <= 0:
+        return 0.0
+    join = c.beta * mean_extend + c.gamma + c.delta * mean_extend * mean_extend / 2
+    return more * c.alpha - wait_left - (heads - 1) * (wait_left + more * join)
+
+
+class Followers:
+    """Requests that follow an arrival (its head), sharing its first tokens: a question's
+    other branches, the other samples of an n > 1 request, a fork's siblings. A client sends
+    them at once, but HTTP and the tokenizer pass them to the scheduler ~1 ms apart, so the
+    head often finds an idle scheduler alone and its round runs before they register; the
+    arrival rate (`hold_gain`) counts whole questions and cannot expect them.
+
+    A head's followers are counted until: the end of its own pass, where some came with it
+    (the burst arrived together); its selection, where a hold held it (what came while it
+    waited: exact); else the first pass after its round (what came during that forward).
+    `more(n)`: of the last `window` heads with at least n followers, the share that had more
+    (0 before any). Learned from registrations, holds and selections, which every
+    tensor-parallel rank sees alike."""
+
+    def __init__(self, window: int = 32) -> None:
+        # key -> [followers so far, the pass it came in, held, selected]
+        self._open: dict[Hashable, list] = {}
+        self._heads: dict[str, Hashable] = {}  # head rid -> its key, until selected
+        self._counts: deque[int] = deque(maxlen=window)  # followers of each closed head
+        self._pass = 0
+
+    def arrived(self, rid: str, key: Hashable) -> None:
+        """A newly registered request: a follower of the open head with its key, else a head."""
+        w = self._open.get(key)
+        if w is not None:
+            w[0] += 1
+        else:
+            self._open[key] = [0, self._pass, False, False]
+            self._heads[rid] = key
+
+    def held(self, key: Hashable) -> None:
+        """A hold keeps the head with `key` waiting: its followers are those it waits for."""
+        w = self._open.get(key)
+        if w is not None:
+            w[2] = True
+
+    def selected(self, rid: str) -> None:
+        """A round took `rid` (or it left the queue): a held head's count ends; another's
+        goes on until the next pass."""
+        key = self._heads.pop(rid, None)
+        if key is not None:
+            w = self._open[key]
+            if w[2]:
+                self._close(key)
+            else:
+                w[3] = True
+
+    def passed(self) -> None:
+        """A pass registered its arrivals: close the heads selected before it and those whose
+        burst came with them."""
+        done = [k for k, w in self._open.items()
+                if w[3] or (w[1] == self._pass and w[0] and not w[2])]
+        for key in done:
+            self._close(key)
+        self._pass += 1
+
+    def _close(self, key: Hashable) -> None:
+        w = self._open.pop(key)
+        if not w[3]:
+            self._heads = {r: k for r, k in self._heads.items() if k != key}
+        self._counts.append(w[0])
+
+    def open(self) -> int:
+        """Heads whose followers are still counted (0 on an idle server after a pass)."""
+        return len(self._open)
+
+    def more(self, key: Hashable) -> float:
+        """The chance another follower comes to the open, unselected head with `key` (0: none
+        open): the share of past heads with as many followers as it has so far that had
+        more."""
+        w = self._open.get(key)
+        if w is None or w[3]:
+            return 0.0
+        n = w[0]
+        reached = sum(1 for c in self._counts if c >= n)
+        return sum(1 for c in self._counts if c > n) / reached if reached else 0.0
+
+
 class Gate:
     def __init__(self, mode: str, deadline_ms: float, *, cost_aware: bool = False) -> None:
         if mode not in ("flex", "timer"):
@@ -79,11 +177,18 @@ class Gate:
             if flex and d.residual_tokens >= d.token_budget:
                 return Decision(False, Reason.TOKENS)
         if self.cost_aware and enabled(Reason.COST) and (
-                d.cost is None or hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0):
+                d.cost is None or self._holding_loses(d, now)):
             return Decision(False, Reason.COST)
         if now - d.oldest_arrival >= self.deadline_s and enabled(Reason.DEADLINE):
             return Decision(False, Reason.DEADLINE)
         return Decision(True, Reason.HOLD)
+
+    def _holding_loses(self, d: Demand, now: float) -> bool:
+        """Neither an arrival at the recent rate (`hold_gain`) nor the rest of the oldest held
+        request's burst (`burst_gain`) repays holding on."""
+        wait_left = self.deadline_s - (now - d.oldest_arrival)
+        return (hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0
+                and burst_gain(d.heads, d.followers, wait_left, d.mean_extend, d.cost) <= 0)
 
     def wake_in(self, d: Demand, now: float) -> float:
         """Seconds until the deadline: the loop may sleep this long, never past it."""
