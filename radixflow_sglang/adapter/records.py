@@ -85,9 +85,11 @@ class Records:
             self.forget(rid)
 
     def count(self) -> int:
-        """The records the sweep can drop (the boundary publisher's aside: it lists no rids)."""
-        c = self.counts()
-        return c["requests"] + c["frag_deferred"] + c["wait_history"]
+        """The records the sweep can drop (the boundary publisher's aside: it lists no rids).
+        NOTE: `counts`' sum without its boundary count, a set union the sweep asked each scan."""
+        t = self.traversal
+        return (len(self.requests) + len(self.frag_deferred)
+                + (len(t.waits.total_rounds) if t is not None else 0))
 
     def counts(self) -> dict[str, int]:
         """Per-request records kept now, by owner (/server_info `radixflow.records`): an idle

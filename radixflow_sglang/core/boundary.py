@@ -391,6 +391,10 @@ class MarkerLearner:
     _spaces: deque = field(default_factory=deque)  # the namespace of each kept tail
     _grams: deque = field(default_factory=deque)  # the k-grams of each kept tail
     _index: deque = field(default_factory=deque)  # their positions (`_kgram_index`), or None
+    # NOTE: the kept tails' k-grams, all in one set (`_keep_tail` keeps it exact): a tail
+    # disjoint from it is unrelated to every kept one, one set probe instead of one per tail
+    _union: set = field(default_factory=set)
+    _fresh: deque = field(default_factory=deque)  # each kept tail was disjoint from `_union`
 
     def observe(self, tokens: Sequence[int], hit: int) -> Marker | None:
         """A fork at exact depth `hit` of `tokens`; returns the marker it joined or started."""
@@ -436,10 +440,13 @@ class MarkerLearner:
             return []
         # NOTE: its k-grams at C speed (zip stops at the shortest: tail[i:i + k] for each i)
         grams = frozenset(zip(*(tail[i:] for i in range(self.min_len)), strict=False))
-        pairs, index, related = self._runs_with_kept(tail, grams, namespace)
+        # NOTE: no common k-gram with any kept tail (the usual request): no pair to scan
+        fresh = grams.isdisjoint(self._union)
+        pairs, index, related = (([], None, None) if fresh else
+                                 self._runs_with_kept(tail, grams, namespace))
         if related is not None:
             return related
-        self._keep_tail(tail, namespace, grams, index)
+        self._keep_tail(tail, namespace, grams, index, fresh)
         touched: list[Marker] = []
         for runs in pairs:
             seen: set[int] = set()  # NOTE: a piece counts once per pair
@@ -490,18 +497,31 @@ class MarkerLearner:
         return []
 
     def _keep_tail(self, tail: tuple[int, ...], namespace: Hashable, grams: frozenset,
-                   index: dict | None) -> None:
+                   index: dict | None, fresh: bool) -> None:
         """Keep `tail` (its namespace, k-grams and index) for later requests, the oldest
-        dropped past `keep`."""
+        dropped past `keep`; `fresh`: its k-grams were disjoint from the kept ones'."""
         self._tails.append(tail)
         self._spaces.append(namespace)
         self._grams.append(grams)
         self._index.append(index)
+        self._fresh.append(fresh)
+        self._union |= grams
         if len(self._tails) > self.keep:
             self._tails.popleft()
             self._spaces.popleft()
-            self._grams.popleft()
             self._index.popleft()
+            self._fresh.popleft()
+            self._drop_grams(self._grams.popleft())
+
+    def _drop_grams(self, old: frozenset) -> None:
+        """`_union` less the dropped (oldest) tail's k-grams. NOTE: a tail kept fresh shares no
+        k-gram with any tail kept before it, so when every tail left was kept fresh none of
+        `old`'s is theirs (and the union drops its k-grams, which pymalloc reuses for the next
+        tail's); else it is rebuilt from the kept tails."""
+        if all(self._fresh):
+            self._union -= old
+        else:
+            self._union = set().union(*self._grams)
 
     def _old_index(self, n: int) -> dict:
         """Kept tail `n`'s k-gram index, built on first use."""

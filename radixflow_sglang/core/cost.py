@@ -130,6 +130,10 @@ class RoundCostEstimator:
         self.observed = 0
         self.rejected = 0
         self.last_s = math.nan
+        # NOTE: coefficients by view ("fit", "decision", "round"), computed once per fit
+        # update: a quiet scan reads decision_coeffs twice (the hold, the quiet rule) and a
+        # read cost ~5 us; `observe` and `observe_period` (all that moves them) clear it
+        self._coeffs: dict[str, CostCoeffs] = {}
         self._host: deque[float] = deque(maxlen=window)  # scheduler host s per prefill round
         # NOTE: a prefill round's wall period less its forward (LaunchPeriods), per round
         self._wall: deque[float] = deque(maxlen=window)
@@ -137,6 +141,12 @@ class RoundCostEstimator:
     @property
     def coeffs(self) -> CostCoeffs:
         """The current fit, clamped to >= 0 (a decision never uses a negative cost)."""
+        c = self._coeffs.get("fit")
+        if c is None:
+            c = self._coeffs["fit"] = self._fit_coeffs()
+        return c
+
+    def _fit_coeffs(self) -> CostCoeffs:
         a, b, g, d = (max(0.0, t / s) for t, s in zip(self._t, _SCALE, strict=True))
         src = f"fit:{self.observed - self.rejected}/{self.observed}+{self.prior.source}"
         return CostCoeffs(a, b, g, d, src if self.observed else self.prior.source)
@@ -155,12 +165,18 @@ class RoundCostEstimator:
     def decision_coeffs(self) -> CostCoeffs:
         """The fit, level-corrected while it mispredicts the recent forwards (class docstring),
         a round priced at its wall time (`walled`)."""
-        return self.walled(self._level_coeffs())
+        c = self._coeffs.get("decision")
+        if c is None:
+            c = self._coeffs["decision"] = self.walled(self._level_coeffs())
+        return c
 
     @property
     def round_coeffs(self) -> CostCoeffs:
         """The fit (no level correction) with a round priced at its wall time (`walled`)."""
-        return self.walled(self.coeffs)
+        c = self._coeffs.get("round")
+        if c is None:
+            c = self._coeffs["round"] = self.walled(self.coeffs)
+        return c
 
     def walled(self, c: CostCoeffs) -> CostCoeffs:
         """`c` with the measured wall overhead of a round (`wall_s`) in its fixed cost: the loop's
@@ -195,6 +211,7 @@ class RoundCostEstimator:
         """Feed one measured prefill forward; False when it was rejected as an outlier."""
         if not (seconds >= 0 and math.isfinite(seconds)) or rows <= 0:
             return False
+        self._coeffs.clear()  # NOTE: from here on the fit, its level and its source move
         self.observed += 1
         self.last_s = seconds
         x = [1.0, tokens / _SCALE[1], rows / _SCALE[2], pairs / _SCALE[3]]
@@ -238,6 +255,7 @@ class RoundCostEstimator:
         time the loop's host parts add to a round (under overlap only what its forward did not
         hide; never below 0)."""
         if 0 <= period < math.inf and 0 <= forward < math.inf:
+            self._coeffs.clear()  # NOTE: the wall overhead moves `walled`
             self._wall.append(max(0.0, period - forward))
 
     @property
