@@ -561,11 +561,12 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
         # NOTE: a registration waits for the scan after the running forward: at a long-round
         # profile (paper) the rounds, not the sender, space them; later profiles take this one
         w.release_lag_s = lag or None
-    spread = run_arms.branch_spread(Path(ref.dir) / "requests.jsonl") if ref else None
-    if w.bench is None and spread:
+    # NOTE: bench_serving workloads: their twin replays arrivals its own way (as the lag)
+    spread = (run_arms.branch_spread(Path(ref.dir) / "requests.jsonl")
+              if ref is not None and w.bench is None else None) or 0.0
+    if spread:
         lag_note += (f"; a question's branches {spread * 1e3:.2f} ms apart, as the live client "
                      "sent them")
-    spread = spread if w.bench is None and spread else 0.0
     out = {"default": twin_pair(segs, args, default, layout, lag=lag, spread=spread)}
     out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}{lag_note}"
     out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"), lag, spread)

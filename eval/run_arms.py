@@ -652,18 +652,14 @@ def branch_spread(requests: Path) -> float | None:
     of several branches its send span / (branches - 1), the median over questions (None
     without such questions). The twin's `branch_spread_s`: a lower bound of their spread at
     the scheduler, whose HTTP and tokenizer take them in turn after the sends."""
-    import json
     import statistics
 
+    from eval.client import load_trace
+
     sends: dict[tuple, list[float]] = {}
-    try:
-        with open(requests) as f:
-            for line in f:
-                r = json.loads(line)
-                if r.get("send_s") is not None:
-                    sends.setdefault((r.get("segment"), r.get("qid")), []).append(r["send_s"])
-    except OSError:
-        return None
+    for r in load_trace(requests) or ():
+        if r.get("send_s") is not None:
+            sends.setdefault((r.get("segment"), r.get("qid")), []).append(r["send_s"])
     spans = [(max(v) - min(v)) / (len(v) - 1) for v in sends.values() if len(v) > 1]
     return statistics.median(spans) if spans else None
 

@@ -448,19 +448,19 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
                 for item in arrivals(f):
                     loop.arrive(item)
 
-    def arrivals(qi: int) -> list:
-        """The loop's arrivals of question `qi`: the question, or (`branch_spread_s`) each of
-        its branches, (qi, j)."""
+    def arrivals(qi: int) -> list[tuple[int, int | None]]:
+        """The loop's arrivals of question `qi`: (qi, None), the whole question, or
+        (`branch_spread_s`) (qi, j) for each of its branches."""
         if not branch_spread_s:
-            return [qi]
+            return [(qi, None)]
         return [(qi, j) for j in range(len(qobj[qi].branches))]
 
-    def at(item) -> float:
-        qi, j = item if branch_spread_s else (item, 0)
-        return visible.get(qi, result.questions[qi].arrival_s) + j * branch_spread_s
+    def at(item: tuple[int, int | None]) -> float:
+        qi, j = item
+        return visible.get(qi, result.questions[qi].arrival_s) + (j or 0) * branch_spread_s
 
-    def submit(item) -> None:
-        qi, j = item if branch_spread_s else (item, None)
+    def submit(item: tuple[int, int | None]) -> None:
+        qi, j = item
         q = qobj[qi]
         kit.submit(*[kit.req(b.rid, b.input_ids, b.namespace, max_new_tokens=b.max_new_tokens,
                              output=b.output, ignore_eos=ignore_eos, boundary=b.boundary)

@@ -89,7 +89,8 @@ class AdmissionHold:
         self.followers.passed()  # NOTE: after this pass's arrivals counted as followers
         if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
-        demand = self._demand(sched, running_batch, queue, fresh, now)
+        first = burst_key(min(fresh, key=lambda r: self.requests[r.rid].seq))
+        demand = self._demand(sched, running_batch, queue, fresh, now, first)
         decision = self._decide(demand, fresh, now)
         if not decision.hold:
             self._release(fresh, decision)
@@ -99,7 +100,7 @@ class AdmissionHold:
             # stay out of the scan (`park` skips them), so nothing overtakes them.
             return False
         self.held_iterations += 1
-        self.followers.held(burst_key(min(fresh, key=lambda r: self.requests[r.rid].seq)))
+        self.followers.held(first)
         if not demand.busy:
             self._wait(demand, now)
         return True
@@ -151,7 +152,9 @@ class AdmissionHold:
         for r in fresh:
             self.requests[r.rid].eligible = True
 
-    def _demand(self, sched: Scheduler, running_batch, queue, fresh, now: float) -> Demand:
+    def _demand(self, sched: Scheduler, running_batch, queue, fresh, now: float,
+                first: tuple) -> Demand:
+        """What the gate sees; `first`: the oldest fresh request's burst key."""
         # NOTE: eligible requests still waiting are work this round will run (flex rule a).
         busy = (not running_batch.is_empty() or sched.chunked_req is not None
                 or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
@@ -168,14 +171,12 @@ class AdmissionHold:
                     # NOTE: the gate only asks whether the residual fills the budget (core/
                     # admission.py rule c), and the sum only grows: the rest need no match
                     break
-        first = min(fresh, key=lambda r: self.requests[r.rid].seq)
-        oldest = self.requests[first.rid].registered
+        oldest = min(self.requests[r.rid].registered for r in fresh)
         cost = self.cost() if self.cost is not None else None
         keys = {burst_key(r) for r in fresh}
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
-                      self.arrivals.burst(), self.followers.more(burst_key(first)),
-                      len(keys))
+                      self.arrivals.burst(), self.followers.more(first), len(keys))
 
     def take_release_reason(self) -> str:
         reason, self.release_reason = self.release_reason, ""

@@ -78,6 +78,17 @@ def burst_gain(heads: int, more: float, wait_left: float, mean_extend: float,
     return more * c.alpha - wait_left - (heads - 1) * (wait_left + more * join)
 
 
+@dataclass
+class _Window:
+    """One head's followers while they are counted (`Followers`)."""
+
+    head: str  # the head's rid
+    came: int  # the pass it registered in
+    count: int = 0  # followers so far
+    held: bool = False  # a hold kept it waiting
+    selected: bool = False  # a round took it (counted until the next pass)
+
+
 class Followers:
     """Requests that follow an arrival (its head), sharing its first tokens: a question's
     other branches, the other samples of an n > 1 request, a fork's siblings. A client sends
@@ -93,8 +104,7 @@ class Followers:
     tensor-parallel rank sees alike."""
 
     def __init__(self, window: int = 32) -> None:
-        # key -> [followers so far, the pass it came in, held, selected]
-        self._open: dict[Hashable, list] = {}
+        self._open: dict[Hashable, _Window] = {}  # by burst key
         self._heads: dict[str, Hashable] = {}  # head rid -> its key, until selected
         self._counts: deque[int] = deque(maxlen=window)  # followers of each closed head
         self._pass = 0
@@ -103,16 +113,16 @@ class Followers:
         """A newly registered request: a follower of the open head with its key, else a head."""
         w = self._open.get(key)
         if w is not None:
-            w[0] += 1
+            w.count += 1
         else:
-            self._open[key] = [0, self._pass, False, False]
+            self._open[key] = _Window(rid, self._pass)
             self._heads[rid] = key
 
     def held(self, key: Hashable) -> None:
         """A hold keeps the head with `key` waiting: its followers are those it waits for."""
         w = self._open.get(key)
         if w is not None:
-            w[2] = True
+            w.held = True
 
     def selected(self, rid: str) -> None:
         """A round took `rid` (or it left the queue): a held head's count ends; another's
@@ -120,25 +130,24 @@ class Followers:
         key = self._heads.pop(rid, None)
         if key is not None:
             w = self._open[key]
-            if w[2]:
+            if w.held:
                 self._close(key)
             else:
-                w[3] = True
+                w.selected = True
 
     def passed(self) -> None:
         """A pass registered its arrivals: close the heads selected before it and those whose
         burst came with them."""
         done = [k for k, w in self._open.items()
-                if w[3] or (w[1] == self._pass and w[0] and not w[2])]
+                if w.selected or (w.came == self._pass and w.count and not w.held)]
         for key in done:
             self._close(key)
         self._pass += 1
 
     def _close(self, key: Hashable) -> None:
         w = self._open.pop(key)
-        if not w[3]:
-            self._heads = {r: k for r, k in self._heads.items() if k != key}
-        self._counts.append(w[0])
+        self._heads.pop(w.head, None)  # NOTE: still there when it closes unselected
+        self._counts.append(w.count)
 
     def open(self) -> int:
         """Heads whose followers are still counted (0 on an idle server after a pass)."""
@@ -149,9 +158,9 @@ class Followers:
         open): the share of past heads with as many followers as it has so far that had
         more."""
         w = self._open.get(key)
-        if w is None or w[3]:
+        if w is None or w.selected:
             return 0.0
-        n = w[0]
+        n = w.count
         reached = sum(1 for c in self._counts if c >= n)
         return sum(1 for c in self._counts if c > n) / reached if reached else 0.0
 
