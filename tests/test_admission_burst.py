@@ -44,8 +44,9 @@ def test_followers_count_what_came_during_the_heads_forward():
 
 
 def test_a_burst_that_came_together_closes_in_its_own_pass():
-    """All of a question's branches in the head's pass: nothing more follows it; a later
-    question on the same document (same first tokens) is a head of its own, not a follower."""
+    """All of a question's branches in the head's pass: nothing more follows it, and it
+    teaches nothing (no lone head to expect anything from it); a later question on the same
+    document (same first tokens) is a head of its own, not a follower."""
     f = Followers()
     for r in "ABCD":
         f.arrived(r, ("ns", "doc"))
@@ -53,10 +54,7 @@ def test_a_burst_that_came_together_closes_in_its_own_pass():
     assert f.open() == 0
     f.selected("A")
     f.arrived("E", ("ns", "doc"))
-    assert f.open() == 1  # NOTE: a head: the past one had 3 followers, so E expects some
-    assert f.more(("ns", "doc")) == 1.0
-    for r in "FGH":
-        f.arrived(r, ("ns", "doc"))
+    assert f.open() == 1
     assert f.more(("ns", "doc")) == 0.0
 
 
@@ -73,6 +71,25 @@ def test_a_held_head_counts_only_what_came_while_it_waited():
     assert f.open() == 1
 
 
+def test_bursts_that_came_together_teach_nothing_about_a_lone_head():
+    """The sibling shape: a lone first request completes, then its siblings arrive together
+    (one pass). Only a head alone at its pass is ever asked `more`, so only such heads are
+    learned from: the lone first must not expect the siblings' followers (issue 51: p99)."""
+    f = Followers()
+    for g in range(8):
+        f.arrived(f"g{g}", ("ns", g))
+        f.passed()  # NOTE: alone at its pass
+        f.selected(f"g{g}")
+        f.passed()  # NOTE: nothing came during its forward: closes with 0
+        for j in range(3):  # NOTE: after it completes, the siblings in one pass
+            f.arrived(f"g{g}.{j}", ("ns", g))
+        f.passed()
+        f.selected(f"g{g}.0")
+    f.arrived("next", ("ns", "next"))
+    f.passed()
+    assert f.more(("ns", "next")) == 0.0
+
+
 def test_burst_gain_holds_for_a_likely_follower_when_a_round_costs_more_than_the_wait():
     assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER) > 0
     assert burst_gain(1, 0.05, 0.005, 1500.0, PAPER) < 0  # NOTE: 5 % of 42.6 ms < 5 ms
@@ -80,6 +97,20 @@ def test_burst_gain_holds_for_a_likely_follower_when_a_round_costs_more_than_the
     assert burst_gain(1, 0.0, 0.005, 1500.0, PAPER) == 0.0
     # NOTE: another held question pays the wait and the follower's work
     assert burst_gain(4, 1.0, 0.005, 1500.0, PAPER) < burst_gain(1, 1.0, 0.005, 1500.0, PAPER)
+
+
+def test_burst_gain_saves_nothing_where_the_follower_would_wait_for_the_state():
+    """A follower joins the held round only by recomputing the head's extend; where that
+    costs more than the round it saves, it would wait for the head's state (a round later
+    either way), and holding only adds the wait."""
+    assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=1500.0) > 0
+    assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=7000.0) < 0  # 49.7 > 42.6 ms
+    # NOTE: a cached document leaves only the question to recompute
+    assert (burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=40.0)
+            > burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=1500.0))
+    g = Gate("flex", 5, cost_aware=True)
+    assert g.decide(demand(followers=1.0, follower_extend=7000.0), now=0.0) == Decision(
+        False, "cost")
 
 
 def test_the_gate_holds_a_head_whose_burst_is_coming_and_releases_it_once_none_is():
@@ -129,3 +160,27 @@ def test_kit_branches_arriving_apart_run_in_one_round_once_learned():
         rounds.append(sum(r is not None and r.rids != [] for r in ran))
     assert rounds[0] == 2  # NOTE: nothing learned: the head runs alone
     assert rounds[-1] == 1, rounds
+
+
+def test_kit_a_head_whose_followers_would_wait_is_not_held():
+    """The same bursts on 7,000-token documents: recomputing one costs more than the round it
+    would save (7,000 x 7.1 us > 42.6 ms), so a follower would wait for the head's state and
+    the question takes two rounds held or not: the head is never held (hold reason `cost`)."""
+    from radixflow_sglang.testing.kit import Kit, KitConfig
+
+    clock = Clock()
+    k = Kit(KitConfig(), policy="radixflow", clock=clock, sleep=lambda s: None)
+    k.runtime.use_prior(PAPER)
+    held = []
+    for q in range(4):
+        doc = list(range(10_000 * (q + 1), 10_000 * (q + 1) + 7000))
+        reqs = [k.req(f"q{q}{b}", doc + [i + 1]) for i, b in enumerate("ABCD")]
+        clock.t = q * 1.0
+        k.submit(reqs[0])
+        held.append(k.step() is None)
+        clock.t += 0.003
+        k.submit(*reqs[1:])
+        while k.busy:
+            k.step()
+    reasons = k.runtime.admission.reasons
+    assert held == [False] * 4 and reasons["hold"] == 0, (held, reasons)

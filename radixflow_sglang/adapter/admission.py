@@ -89,8 +89,9 @@ class AdmissionHold:
         self.followers.passed()  # NOTE: after this pass's arrivals counted as followers
         if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
-        first = burst_key(min(fresh, key=lambda r: self.requests[r.rid].seq))
-        demand = self._demand(sched, running_batch, queue, fresh, now, first)
+        head = min(fresh, key=lambda r: self.requests[r.rid].seq)
+        first = burst_key(head)
+        demand = self._demand(sched, running_batch, queue, fresh, now, head, first)
         decision = self._decide(demand, fresh, now)
         if not decision.hold:
             self._release(fresh, decision)
@@ -152,9 +153,9 @@ class AdmissionHold:
         for r in fresh:
             self.requests[r.rid].eligible = True
 
-    def _demand(self, sched: Scheduler, running_batch, queue, fresh, now: float,
+    def _demand(self, sched: Scheduler, running_batch, queue, fresh, now: float, head: Req,
                 first: tuple) -> Demand:
-        """What the gate sees; `first`: the oldest fresh request's burst key."""
+        """What the gate sees; `head`: the oldest fresh request, `first` its burst key."""
         # NOTE: eligible requests still waiting are work this round will run (flex rule a).
         busy = (not running_batch.is_empty() or sched.chunked_req is not None
                 or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
@@ -174,9 +175,19 @@ class AdmissionHold:
         oldest = min(self.requests[r.rid].registered for r in fresh)
         cost = self.cost() if self.cost is not None else None
         keys = {burst_key(r) for r in fresh}
+        more = self.followers.more(first)
+        extend = self._extend(sched, head) if more > 0 and cost is not None else None
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
-                      self.arrivals.burst(), self.followers.more(first), len(keys))
+                      self.arrivals.burst(), more, len(keys), extend)
+
+    def _extend(self, sched: Scheduler, head: Req) -> int:
+        """What a follower of `head` would recompute beside it: its extend past the cached
+        prefix (matched here, asked only while a follower is expected; the tree is the same
+        on every rank)."""
+        head.init_next_round_input(sched.tree_cache, cow_mamba=False)
+        self.release(sched, head)
+        return req_len(head) - head.prefix_len
 
     def take_release_reason(self) -> str:
         reason, self.release_reason = self.release_reason, ""

@@ -38,6 +38,9 @@ class Demand:
     # rank-identical)
     followers: float = 0.0
     heads: int = 1  # held requests that head a burst of their own (distinct questions)
+    # tokens a follower of the oldest held request would recompute beside it in one round:
+    # that request's extend past its cached prefix (None: `mean_extend`; rank-identical)
+    follower_extend: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,25 +60,34 @@ def hold_gain(held: int, rate: float, mean_extend: float, c: CostCoeffs,
     and running in a round of its own: it saves that round's fixed cost alpha once, while its
     `burst` requests' work (beta * extend + gamma per row, delta for its attention pairs) now
     delays each held request. Positive: holding wins."""
-    join = c.beta * mean_extend + c.gamma + c.delta * mean_extend * mean_extend / 2
+    join = _join(c, mean_extend)
     burst = max(burst, 1.0)
     return rate / burst * (c.alpha - held * burst * join) - held
 
 
 def burst_gain(heads: int, more: float, wait_left: float, mean_extend: float,
-               c: CostCoeffs) -> float:
+               c: CostCoeffs, follower_extend: float | None = None) -> float:
     """Net latency (s) holding the rest of the wait saves when another request of the oldest
     held request's burst follows with probability `more` (`Followers.more`). A burst is one
     question (its latency is its last request's, as core/cost.py `RoundView.tied`): released
     now, its held requests run alone and a follower, arriving during that forward, in a round
-    of its own after it; held until it comes (at most `wait_left`), all run in one round,
-    saving the question that round's fixed cost alpha. The question pays the wait; each other
-    held question (`heads` - 1) pays the wait and the follower's work. Positive: holding
-    wins."""
+    of its own after it, reusing their state; held until it comes (at most `wait_left`), all
+    run in one round, where the follower recomputes the shared prefix (`follower_extend`
+    tokens): the question saves a round's fixed cost alpha and pays that work. Where the work
+    costs more than the round, the traversal makes the follower wait for the state
+    (core/cost.py `wait_wins`): a round later either way, so holding saves nothing. The
+    question pays the wait; each other held question (`heads` - 1) pays the wait and the
+    follower's work. Positive: holding wins."""
     if more <= 0 or wait_left <= 0:
         return 0.0
-    join = c.beta * mean_extend + c.gamma + c.delta * mean_extend * mean_extend / 2
-    return more * c.alpha - wait_left - (heads - 1) * (wait_left + more * join)
+    own = _join(c, mean_extend if follower_extend is None else follower_extend)
+    saved = max(c.alpha - own, 0.0)
+    return more * saved - wait_left - (heads - 1) * (wait_left + more * _join(c, mean_extend))
+
+
+def _join(c: CostCoeffs, extend: float) -> float:
+    """What one request of `extend` tokens adds to a round (work, row, attention pairs)."""
+    return c.beta * extend + c.gamma + c.delta * extend * extend / 2
 
 
 @dataclass
@@ -99,9 +111,9 @@ class Followers:
     A head's followers are counted until: the end of its own pass, where some came with it
     (the burst arrived together); its selection, where a hold held it (what came while it
     waited: exact); else the first pass after its round (what came during that forward).
-    `more(n)`: of the last `window` heads with at least n followers, the share that had more
-    (0 before any). Learned from registrations, holds and selections, which every
-    tensor-parallel rank sees alike."""
+    `more(n)`: of the last `window` heads alone at their own pass with at least n followers,
+    the share that had more (0 before any). Learned from registrations, holds and selections,
+    which every tensor-parallel rank sees alike."""
 
     def __init__(self, window: int = 32) -> None:
         self._open: dict[Hashable, _Window] = {}  # by burst key
@@ -137,17 +149,22 @@ class Followers:
 
     def passed(self) -> None:
         """A pass registered its arrivals: close the heads selected before it and those whose
-        burst came with them."""
-        done = [k for k, w in self._open.items()
+        burst came with them. NOTE: only a head alone at its own pass is ever asked `more`
+        (a burst that came together is closed here, before the gate asks), so only such
+        heads are learned from: siblings that arrive together after a lone first one
+        completes must not make that lone one expect followers (issue 51: the sibling
+        shape's p99)."""
+        done = [(k, w.selected) for k, w in self._open.items()
                 if w.selected or (w.came == self._pass and w.count and not w.held)]
-        for key in done:
-            self._close(key)
+        for key, alone in done:
+            self._close(key, learn=alone)
         self._pass += 1
 
-    def _close(self, key: Hashable) -> None:
+    def _close(self, key: Hashable, learn: bool = True) -> None:
         w = self._open.pop(key)
         self._heads.pop(w.head, None)  # NOTE: still there when it closes unselected
-        self._counts.append(w.count)
+        if learn:
+            self._counts.append(w.count)
 
     def open(self) -> int:
         """Heads whose followers are still counted (0 on an idle server after a pass)."""
@@ -197,7 +214,8 @@ class Gate:
         request's burst (`burst_gain`) repays holding on."""
         wait_left = self.deadline_s - (now - d.oldest_arrival)
         return (hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0
-                and burst_gain(d.heads, d.followers, wait_left, d.mean_extend, d.cost) <= 0)
+                and burst_gain(d.heads, d.followers, wait_left, d.mean_extend, d.cost,
+                               d.follower_extend) <= 0)
 
     def wake_in(self, d: Demand, now: float) -> float:
         """Seconds until the deadline: the loop may sleep this long, never past it."""
