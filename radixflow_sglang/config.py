@@ -19,8 +19,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from radixflow_sglang.core.admission import HOLD_MS
 from radixflow_sglang.core.boundary import MODES as BOUNDARY_MODES
+from radixflow_sglang.core.points import FRAG_CAP
 from radixflow_sglang.core.policy import ADMISSION_MS_RANGE, POLICIES, PolicySpec, policy_spec
+from radixflow_sglang.core.traversal import PARK_MARGIN, THETA_FLOOR
 from radixflow_sglang.profiles import DEFAULT_PROFILE, PROFILES
 
 FLAG_PREFIX = "--radixflow-"
@@ -116,13 +119,15 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("policy", str, "radixflow", "admission / selection policy", choices=POLICIES),
     Setting("admission_ms", float, None,
-            "flexible admission hold bound in ms (default 5; timer5/timer10 fix theirs)",
+            f"flexible admission hold bound in ms (default {HOLD_MS:g}; timer5/timer10 fix "
+            "theirs)",
             low=ADMISSION_MS_RANGE[0], high=ADMISSION_MS_RANGE[1], unit=" ms"),
     Setting("theta", int, None, "minimum ready-prefix gain (tokens) worth a wait; "
-            "default max(G, 64)", low=1, high=1 << 20),
-    Setting("park_margin", int, 1, "rounds beyond the publish lag a request may stay parked",
-            low=0, high=1000),
-    Setting("frag_cap", int, 2, "rounds radixflow-frag may defer one request", low=0, high=1000),
+            f"default max(G, {THETA_FLOOR})", low=1, high=1 << 20),
+    Setting("park_margin", int, PARK_MARGIN,
+            "rounds beyond the publish lag a request may stay parked", low=0, high=1000),
+    Setting("frag_cap", int, FRAG_CAP, "rounds radixflow-frag may defer one request", low=0,
+            high=1000),
     Setting("trace", str, None, "per-round and per-request JSONL trace path (not with stock)",
             path=True),
     Setting("boundaries", str, "both", "publication boundaries: publish a request's state "
@@ -153,7 +158,7 @@ LAUNCHER_SETTINGS: tuple[Setting, ...] = (
 BY_FIELD = {s.field: s for s in SETTINGS + LAUNCHER_SETTINGS}
 # NOTE: what an unset setting means, for the start-up line when the model is not known yet (the
 # plugin starts before SGLang reads the model): never the bare word "default"
-UNSET_MEANS = {"theta": "max(G,64)", "trace": "off", "round_overhead_ms": "measured"}
+UNSET_MEANS = {"theta": f"max(G,{THETA_FLOOR})", "trace": "off", "round_overhead_ms": "measured"}
 FIELD_NAMES = {s.field: f"RadixFlowConfig.{s.field}" for s in SETTINGS}
 FLAG_NAMES = {s.field: s.flag for s in SETTINGS + LAUNCHER_SETTINGS}
 VAR_NAMES = {s.field: s.var for s in SETTINGS}
@@ -167,8 +172,8 @@ class RadixFlowConfig:
     policy: str = "radixflow"
     admission_ms: float | None = None
     theta: int | None = None  # min ready-prefix gain worth a wait; default max(G, 64)
-    park_margin: int = 1  # rounds beyond the publish lag a request may stay parked
-    frag_cap: int = 2  # rounds a request may be deferred by the fragmentation guard
+    park_margin: int = PARK_MARGIN  # rounds beyond the publish lag a request may stay parked
+    frag_cap: int = FRAG_CAP  # rounds a request may be deferred by the fragmentation guard
     trace: str | None = None  # JSONL path for per-round and per-request events
     boundaries: str = "both"  # publication boundaries (core/boundary.py MODES)
     chat_boundary: str = "off"  # the chat system message as a declared boundary

@@ -214,6 +214,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     logging.basicConfig(level=logging.INFO, format="[radixflow] %(message)s")
     launch = parse(argv)
+    executor, rest = sglang_argv(launch)
+    apply_env(child_env(launch.config), os.environ)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    serve(launch.config, executor, rest)
+
+
+def sglang_argv(launch: Launch) -> tuple[str, list[str]]:
+    """(the executor in force, SGLang's arguments): the embedded model's when none is given,
+    the simulated executor's when it runs; each choice logged."""
     cfg, rest = launch.config, launch.sglang_args
     for field, source in launch.sources.items():
         if source.startswith(ENV_PREFIX):
@@ -229,9 +239,11 @@ def main(argv: list[str] | None = None) -> None:
         rest = simulated_args(rest)
         # NOTE: the profile in force, in the start-up log (/server_info repeats it per rank)
         logger.info("simulated executor: %s", sim_cost(cfg, rest, launch.sources).describe())
-    apply_env(child_env(cfg), os.environ)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    return executor, rest
+
+
+def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
+    """SGLang's HTTP server with our scheduler entry; the process tree ends with it."""
     entry = scheduler_entry(executor)
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.server_args import prepare_server_args
@@ -252,7 +264,6 @@ def main(argv: list[str] | None = None) -> None:
         launch_server(server_args, run_scheduler_process_func=entry)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
-
 
 if __name__ == "__main__":
     main()

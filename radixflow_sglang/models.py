@@ -20,13 +20,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixflow_sglang.core.cost import PAPER_ROWS, PAPER_TOKENS
+
 # Shipped as package data (pyproject.toml [tool.setuptools.package-data]).
 MODEL_DIRS = Path(__file__).resolve().parent / "model_dirs"
 # The paper's token budget T per round: every model, every arm (--chunked-prefill-size and
 # --max-prefill-tokens).
-TOKENS = 8192
+TOKENS = PAPER_TOKENS
 # Rows S for a config loaded by path that is not in the catalog.
-DEFAULT_ROWS = 64
+DEFAULT_ROWS = PAPER_ROWS
 CONTEXT_LENGTH = 32768  # what the launch scripts and the embedded default serve
 DEFAULT = "qwen3.5-0.8b"  # the launcher's embedded default (no --model-path)
 

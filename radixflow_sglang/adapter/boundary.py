@@ -56,6 +56,10 @@ FIELD_PATH = f"{PARAMS_PATH}.{FIELD}"
 # NOTE: PUBLISH rules that publish the placed depth (the others leave SGLang's own)
 PUBLISHED = (Reason.MOVE, Reason.CUT)
 
+# NOTE: SGLang's JSON parser (orjson) reads an integer beyond 64 bits as a float: a bound of the
+# format, not a tuning
+INT64_BOUND = 2 ** 63
+
 
 def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
     """Why this (sub-)request's boundary field is invalid, or None (no field, or a good one)."""
@@ -70,8 +74,7 @@ def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
     b = params[FIELD]
     n = len(input_ids) if input_ids is not None else None
     allowed = f"[0, {n}] (the input's token count)" if n is not None else ">= 0"
-    if isinstance(b, float) and math.isfinite(b) and b.is_integer() and abs(b) >= 2 ** 63:
-        # NOTE: SGLang's JSON parser (orjson) reads an integer beyond 64 bits as a float
+    if isinstance(b, float) and math.isfinite(b) and b.is_integer() and abs(b) >= INT64_BOUND:
         return f"{FIELD_PATH}: {b:g} is outside {allowed}"
     if not isinstance(b, int) or isinstance(b, bool):
         return (f"{FIELD_PATH}: {b!r} is not an integer token count; allowed: an integer "
@@ -79,6 +82,11 @@ def boundary_problem(obj: Any, input_ids: list[int] | None) -> str | None:
     if b < 0 or (n is not None and b > n):
         return f"{FIELD_PATH}: {b} is outside {allowed}"
     return None
+
+# NOTE: the prefix-key records are swept when they outgrow the queue this much (requests gone
+# from a long queue): a memory bound, not a decision; not measured
+KEYS_PER_QUEUED = 8
+KEYS_SLACK = 4096
 
 
 class BoundaryPublisher:
@@ -165,7 +173,7 @@ class BoundaryPublisher:
         which the runtime's Scan holds; the records of requests gone from a long queue are
         dropped now and then."""
         self.scan = BoundaryScan(self.scan.number + 1, queue, self.keys, self.grid.size)
-        if len(self.keys) > 8 * len(self.scan.queue) + 4096:
+        if len(self.keys) > KEYS_PER_QUEUED * len(self.scan.queue) + KEYS_SLACK:
             self.keys.keep_only(self.scan.rids)
             self.slot.keep_only(self.scan.rids)
         return self.scan

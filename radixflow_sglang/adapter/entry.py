@@ -21,6 +21,8 @@ check_sglang_version()
 
 import sglang.srt.managers.scheduler as _sched_mod  # noqa: E402
 
+from radixflow_sglang.core.traversal import THETA_FLOOR  # noqa: E402
+
 if TYPE_CHECKING:
     from radixflow_sglang.config import RadixFlowConfig
 
@@ -28,7 +30,6 @@ _UPSTREAM_CLASS = _sched_mod.Scheduler
 _UPSTREAM_RUN = _sched_mod.run_scheduler_process
 logger = logging.getLogger(__name__)
 _announced = False
-MIN_THETA = 64  # NOTE: core/traversal.py TraversalConfig.default's floor, max(G, 64)
 
 
 def install(policy: str | None = None) -> type:
@@ -91,7 +92,7 @@ def resolved_theta(cfg: RadixFlowConfig, server_args: Any) -> int:
     grid = page
     if mambaish_config(model_config_of(server_args)) is not None:
         grid = math.lcm(mamba_cache_chunk_size(server_args), page)
-    return max(grid, MIN_THETA)
+    return max(grid, THETA_FLOOR)
 
 
 def announce(msg: str, every: bool = False) -> None:

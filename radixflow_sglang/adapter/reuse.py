@@ -13,7 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from radixflow_sglang.core.boundary import BoundaryLearner, Marker, UsageRate, consumers
+from radixflow_sglang.core.boundary import (
+    PUBLICATION_KEYS,
+    BoundaryLearner,
+    Marker,
+    UsageRate,
+    consumers,
+)
 from radixflow_sglang.core.grid import Grid
 from radixflow_sglang.core.reasons import Reason
 
@@ -26,7 +32,6 @@ if TYPE_CHECKING:
 
     from .boundary_scan import BoundaryScan, PrefixKeys
 
-KEYS = 16_384  # boundary publications remembered (a group already served)
 LEARNED_SOURCES = (Reason.MARKER, Reason.REPEAT, Reason.LEARNED)
 
 
@@ -42,8 +47,8 @@ class Placed:
 
 
 def _bounded(d: dict) -> None:
-    """Drop `d`'s oldest entry past KEYS (insertion order)."""
-    if len(d) > KEYS:
+    """Drop `d`'s oldest entry past PUBLICATION_KEYS (insertion order)."""
+    if len(d) > PUBLICATION_KEYS:
         d.pop(next(iter(d)))
 
 

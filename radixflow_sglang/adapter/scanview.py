@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
 
+# NOTE: queue entries after a request searched for its sibling group (here and
+# adapter/slot.py's later groups): siblings arrive together and sit next to each other in fcfs
+# and lpm order; a bound on the cost (one compare per entry); not measured
+SIBLING_WINDOW = 64
+
+
 @dataclass
 class ScanView:
     """Per-scan, rank-identical inputs of the cost-aware wait rule (core/cost.py RoundView):
@@ -47,7 +53,8 @@ class ScanView:
                    after[0] / len(q) if q else 1.0, round_budget(sched),
                    sched.max_running_requests)
 
-    def siblings(self, req: Req, ns: tuple, tokens, depth: int, window: int = 64) -> int:
+    def siblings(self, req: Req, ns: tuple, tokens, depth: int,
+                 window: int = SIBLING_WINDOW) -> int:
         """Queued requests after `req` (the next `window`) in its cache namespace that share its
         first `depth` tokens and can match past them: its sibling group (core/cost.py
         `group_wait_wins`). NOTE: siblings arrive together, so they sit next to each other in

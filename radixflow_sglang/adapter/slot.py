@@ -25,7 +25,7 @@ from radixflow_sglang.core.traversal import Candidate, Traversal
 
 from .boundary import kv_hit_length
 from .reqs import namespace, req_len, req_tokens
-from .scanview import ScanView
+from .scanview import SIBLING_WINDOW, ScanView
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -85,8 +85,8 @@ def slot_value(rt: Scheduling, scan: ScanView, sched: Scheduler, req: Req,
     return best
 
 
-def later_groups(scan: ScanView, req: Req, tokens, depth: int, theta: int, window: int = 64
-                 ) -> Iterator[tuple[Req, list[Req], int, int, int]]:
+def later_groups(scan: ScanView, req: Req, tokens, depth: int, theta: int,
+                 window: int = SIBLING_WINDOW) -> Iterator[tuple[Req, list[Req], int, int, int]]:
     """Sibling groups queued after `req` and its own siblings (the next `window` entries):
     (first, its siblings, their shortest common prefix with it, input tokens queued between
     `req` and the first, input tokens queued after the first sibling). Siblings share >= theta

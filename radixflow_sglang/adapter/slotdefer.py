@@ -26,8 +26,16 @@ if TYPE_CHECKING:
     from .placement import PlacementTargets, RoundCosts
     from .reuse import ReuseBook
 
-MAX_DEFER = 16  # rounds a request may be deferred for the chunk slot (bounds its latency)
-STALE = 2  # scans a slot deferral is remembered without a match (`still_deferred`)
+# NOTE: rounds a request may be deferred for the chunk slot: a bound on its latency (rule
+# `boundary_slot`); not measured
+MAX_DEFER = 16
+# NOTE: scans a slot deferral is remembered without SGLang's match (`still_deferred`): a
+# deferral is repeated on the next scan or two, so a burst's ~50 waiting visits a round skip
+# the match; not measured
+STALE = 2
+# NOTE: tokens of a request compared first with each recent extend (a cheap reject before the
+# full prefix compare; a speed step, not a decision)
+DEFER_HEAD = 16
 
 
 class SlotDeferral:
@@ -90,7 +98,7 @@ class SlotDeferral:
         if (key in scan.serving or key in self.book.done
                 or self._defers.get(req.rid, 0) >= cap):
             return False
-        head = tokens[:16]  # NOTE: once per visit, not per extend (~50 visits a round)
+        head = tokens[:DEFER_HEAD]  # NOTE: once per visit, not per extend (~50 visits a round)
         for number, extends in self._extends:
             if number < since:
                 continue
@@ -153,7 +161,8 @@ class SlotDeferral:
 
 
 def _extend(r: Req) -> tuple:
-    """An extend as `still_deferred` compares it: (namespace, tokens, extend end, the first 16
-    tokens). NOTE: the head is sliced once here, not once per deferred request that reads it."""
+    """An extend as `still_deferred` compares it: (namespace, tokens, extend end, its first
+    `DEFER_HEAD` tokens). NOTE: the head is sliced once here, not once per deferred request that
+    reads it."""
     tokens = req_tokens(r)
-    return namespace(r), tokens, r.extend_end, tokens[:16]
+    return namespace(r), tokens, r.extend_end, tokens[:DEFER_HEAD]

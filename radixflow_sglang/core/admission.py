@@ -90,6 +90,11 @@ def _join(c: CostCoeffs, extend: float) -> float:
     return c.beta * extend + c.gamma + c.delta * extend * extend / 2
 
 
+# NOTE: not measured; chosen as enough closed heads for `more` to move in steps of ~3 % while
+# it still follows a change of workload within a few dozen questions
+FOLLOWERS_WINDOW = 32  # closed heads whose follower counts `Followers.more` reads
+
+
 @dataclass
 class _Window:
     """One head's followers while they are counted (`Followers`)."""
@@ -115,7 +120,7 @@ class Followers:
     the share that had more (0 before any). Learned from registrations, holds and selections,
     which every tensor-parallel rank sees alike."""
 
-    def __init__(self, window: int = 32) -> None:
+    def __init__(self, window: int = FOLLOWERS_WINDOW) -> None:
         self._open: dict[Hashable, _Window] = {}  # by burst key
         self._heads: dict[str, Hashable] = {}  # head rid -> its key, until selected
         self._counts: deque[int] = deque(maxlen=window)  # followers of each closed head
@@ -182,6 +187,11 @@ class Followers:
         return sum(1 for c in self._counts if c > n) / reached if reached else 0.0
 
 
+# NOTE: the paper's flexible-admission bound D (5 ms); the flex policies' default, a user flag
+# (`--radixflow-admission-ms`, core/policy.py)
+HOLD_MS = 5.0
+
+
 class Gate:
     def __init__(self, mode: str, deadline_ms: float, *, cost_aware: bool = False) -> None:
         if mode not in ("flex", "timer"):
@@ -222,12 +232,21 @@ class Gate:
         return max(0.0, d.oldest_arrival + self.deadline_s - now)
 
 
+# NOTE: not measured; chosen as a few seconds: several arrivals at a request a second, and a
+# rate change followed within seconds
+ARRIVAL_WINDOW_S = 5.0
+# NOTE: the first arrivals of a run must not read as an infinite rate
+# (notes/2026-11-admission-hold.md)
+ARRIVAL_FLOOR_S = 0.5
+
+
 class ArrivalRate:
     """Requests registered per second over the last `window_s` seconds (at least `min_s`, so
     the first arrivals of a run do not read as an infinite rate). Deterministic for a given
     sequence of (time, length) registrations."""
 
-    def __init__(self, window_s: float = 5.0, min_s: float = 0.5) -> None:
+    def __init__(self, window_s: float = ARRIVAL_WINDOW_S,
+                 min_s: float = ARRIVAL_FLOOR_S) -> None:
         self.window_s, self.min_s = window_s, min_s
         # NOTE: running totals make every read O(1) (a hold decision reads them each pass);
         # registrations come in clock order, so one arrival's requests are consecutive

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .cost import CostCoeffs
 from .grid import Grid, Layout
-from .producers import common_prefix
+from .producers import COMPARE_STEP, common_prefix
 from .reasons import Reason, enabled
 
 MODES = ("off", "declared", "learned", "both")
@@ -122,13 +122,18 @@ def defer_wins(c: CostCoeffs, gain: int, rest: int, behind: int, users: float,
             > (1 + ahead) * c(1, gain) + c(1, rest))
 
 
+# NOTE: not measured; chosen as a few bursts' worth of states: an open state counts unused in
+# proportion to its age over this window (notes/2026-12-cuts-that-pay.md)
+USAGE_WINDOW = 64
+
+
 @dataclass
 class UsageRate:
     """The share of boundary states that a later request reused: a state counts as used at
     its first hit, as unused once `window` later states were published without a hit.
     Laplace-smoothed (1 before any evidence: a declaration says the prefix is shared)."""
 
-    window: int = 64
+    window: int = USAGE_WINDOW
     used: int = 0
     unused: int = 0
     _open: deque = field(default_factory=deque)  # (key, depth) of recent states, oldest first
@@ -184,6 +189,21 @@ FORK, CONTINUATION, REPEAT = "fork", "continuation", "repeat"
 PUBLISH_KINDS = ("end", "branch", "boundary", "repeat")
 
 
+# NOTE: events (and admissions: `repeat_share`) kept per namespace: not measured; chosen as
+# recent traffic, long enough that 2 retries among distinct prompts read as a low share (the
+# Mooncake trace: 8 of 548; notes/2026-12-conversation-trace.md)
+LEARN_WINDOW = 256
+# NOTE: a fork depth seen this often is learned. One: under shuffled arrivals the second fork
+# came after most groups' first member had published at its end (notes/2026-12-first-fork.md);
+# a wrong move is weighed by the optimal rule's continuations, and a cut must pay (`UsageRate`)
+LEARN_SUPPORT = 1
+REPEAT_SUPPORT = 2  # NOTE: repeats seen before `repeat_wins` moves a state: a retry is one
+NAMESPACES = 1024  # NOTE: namespaces kept (a memory bound; not measured)
+# NOTE: publication records kept (a memory bound, also adapter/reuse.py's served groups; not
+# measured: far above a queue's requests)
+PUBLICATION_KEYS = 16_384
+
+
 @dataclass
 class BoundaryLearner:
     """Per cache namespace, the recent reuse events, each a grid-floored depth and a kind:
@@ -210,16 +230,12 @@ class BoundaryLearner:
     at the prompt's end serves none of them."""
 
     grid: int
-    window: int = 256  # events kept per namespace (recent traffic)
-    # NOTE: a fork depth seen this often is learned. One: under shuffled arrivals the second
-    # fork came after most groups' first member had published at its end (docs/notes/
-    # 2026-12-first-fork.md); a wrong move is weighed by the optimal rule's continuations,
-    # and a cut that costs a round must pay (`UsageRate`)
-    support: int = 1
-    repeat_support: int = 2  # repeats seen before `repeat_wins` moves a state (a retry is one)
+    window: int = LEARN_WINDOW  # events kept per namespace (recent traffic)
+    support: int = LEARN_SUPPORT
+    repeat_support: int = REPEAT_SUPPORT  # repeats seen before `repeat_wins` moves a state
     rule: str = "optimal"
-    namespaces: int = 1024  # namespaces kept (least recently observed dropped)
-    keys: int = 16_384  # publication records kept
+    namespaces: int = NAMESPACES  # namespaces kept (least recently observed dropped)
+    keys: int = PUBLICATION_KEYS  # publication records kept
     _events: dict[Hashable, deque[tuple[int, str]]] = field(default_factory=dict)
     # NOTE: per namespace, whether each recent admitted request was a repeat (`repeat_share`)
     _admits: dict[Hashable, deque[bool]] = field(default_factory=dict)
@@ -363,6 +379,21 @@ class Marker:
         return self._needle
 
 
+# NOTE: the tokens before a fork that make its marker: a template's text before a question
+# ("\n\nQuestion:") with room to spare (notes/2026-11-learned-document-ends.md); not measured
+MARKER_SPAN = 16
+# NOTE: contexts (and pieces) sharing this many tokens merge: the template's text, while a
+# token or two in common is chance (notes/2026-11-learned-document-ends.md); not measured
+MARKER_MIN_LEN = 3
+MARKER_SUPPORT = 1  # NOTE: one fork's 16 tokens are specific; merged markers have >= 2
+MARKER_LIMIT = 16  # NOTE: markers kept (the least supported replaced): a memory bound
+# NOTE: template pieces: a request's last 128 tokens compared with one kept tail per unrelated
+# request (8) (notes/2026-12-template-pieces.md: its cost per request); not measured
+PIECE_WINDOW = 128
+PIECE_KEEP = 8
+PIECE_SUPPORT = 1  # NOTE: pairs of unrelated requests a piece was seen in before it is used
+
+
 @dataclass
 class MarkerLearner:
     """The document end, learned from the tree's branching (issue 11: a second question on a
@@ -377,15 +408,15 @@ class MarkerLearner:
     publishes its own state). `candidates` finds, in a new request, the last occurrence of each
     learned marker: a depth where later requests are expected to diverge."""
 
-    span: int = 16
-    min_len: int = 3
-    support: int = 1  # NOTE: one fork's 16 tokens are specific; merged markers have >= 2
-    limit: int = 16  # markers kept (the least supported replaced)
+    span: int = MARKER_SPAN
+    min_len: int = MARKER_MIN_LEN
+    support: int = MARKER_SUPPORT
+    limit: int = MARKER_LIMIT  # markers kept (the least supported replaced)
     markers: list[Marker] = field(default_factory=list)
     # template pieces (`infer`): text that unrelated requests share between their variable parts
-    window: int = 128  # tokens at a request's end compared
-    keep: int = 8  # tails kept, one per unrelated request
-    piece_support: int = 1  # pairs of unrelated requests a piece was seen in before it is used
+    window: int = PIECE_WINDOW  # tokens at a request's end compared
+    keep: int = PIECE_KEEP  # tails kept, one per unrelated request
+    piece_support: int = PIECE_SUPPORT  # pairs of unrelated requests a piece was seen in
     pieces: list[Marker] = field(default_factory=list)
     _tails: deque = field(default_factory=deque)
     _spaces: deque = field(default_factory=deque)  # the namespace of each kept tail
@@ -567,9 +598,10 @@ class MarkerLearner:
                 if not (isinstance(arr, array) and arr.typecode == "q"):
                     arr = array("q", arr)
                 hay = arr.tobytes()
-            pos = _rfind_aligned(hay, m.needle(), lo * 8)
-            if pos is not None and all(d != pos // 8 + len(m.tokens) for d, _ in out):
-                out.append((pos // 8 + len(m.tokens), m))
+            pos = _rfind_aligned(hay, m.needle(), lo * TOKEN_BYTES)
+            at = None if pos is None else pos // TOKEN_BYTES + len(m.tokens)
+            if at is not None and all(d != at for d, _ in out):
+                out.append((at, m))
         return out
 
 
@@ -611,7 +643,7 @@ def _run_len(a: tuple[int, ...], i: int, b: tuple[int, ...], j: int) -> int:
     halves past the first mismatch, slices compared in C) on offsets: neither tail is copied
     first (`common_runs` asks once per diagonal, ~75 times a kept tail on a repeated token)."""
     n = min(len(a) - i, len(b) - j)
-    x, step, grow = 0, 64, True
+    x, step, grow = 0, COMPARE_STEP, True
     while step:
         if x + step <= n and a[i + x:i + x + step] == b[j + x:j + x + step]:
             x += step
@@ -685,6 +717,9 @@ def longest_common_run(a: Sequence[int], b: Sequence[int]) -> tuple[int, int]:
     return best, at
 
 
+TOKEN_BYTES = 8  # a token in array("q") bytes: needles match at token boundaries only
+
+
 def _rfind_aligned(hay: bytes, needle: bytes, start: int) -> int | None:
     """Last 8-byte-aligned occurrence of `needle` in hay[start:] (a token boundary)."""
     end = len(hay)
@@ -692,7 +727,7 @@ def _rfind_aligned(hay: bytes, needle: bytes, start: int) -> int | None:
         i = hay.rfind(needle, start, end)
         if i < 0:
             return None
-        if i % 8 == 0:
+        if i % TOKEN_BYTES == 0:
             return i
         end = i + len(needle) - 1
 

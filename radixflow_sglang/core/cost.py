@@ -85,6 +85,30 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     return x
 
 
+# The fit's numbers (docs/design.md, "The wait decision": "Round cost", "Cold fits")
+# NOTE: a tenth of a round per FLOP-derived coefficient: shapes the server never ran stay at
+# the prior, while a handful of measured rounds outweigh it
+PRIOR_ROUNDS = 0.1
+FORGET = 0.998  # NOTE: ~500 rounds of memory: recent hardware state wins; not measured
+# NOTE: a lone outlier (the first CUDA graph capture, a stall) never moves the fit
+REJECT_SIGMAS = 6.0
+HUBER_SIGMAS = 2.0  # NOTE: the usual Huber knee in robust sigmas; not measured
+# NOTE: forwards (and prefill rounds' host and wall times) in a median: not measured; chosen as
+# enough for a stable median that still follows a level change within tens of rounds
+FIT_WINDOW = 32
+# NOTE: a level shift is accepted from its 3rd forward: sigma needs 3 residuals, 3 alike in a
+# row are a shift, one is an outlier (notes/2026-11-wait-rule.md: the cold segment it fixed)
+SETTLE = 3
+TRUST = 0.5  # NOTE: trusted while the median miss is within a factor 1.5; not measured
+# NOTE: sigma's floor, relative to the prediction plus 1 us: the noiseless twin must not reject
+# float rounding; before SETTLE residuals a quarter of the prediction (a lone first outlier is
+# rejected, SETTLE alike forwards are a level shift); not measured
+SIGMA_FLOOR = 1e-3
+SIGMA_FLOOR_S = 1e-6
+COLD_SIGMA = 0.25
+MAD_SIGMA = 1.4826  # the median absolute deviation's scale to a normal sigma (a constant)
+
+
 class RoundCostEstimator:
     """Weighted least squares over measured forwards, regularised towards a prior.
 
@@ -108,9 +132,10 @@ class RoundCostEstimator:
     measured forward: the prior.
     """
 
-    def __init__(self, prior: CostCoeffs, *, prior_rounds: float = 0.1, forget: float = 0.998,
-                 reject: float = 6.0, huber: float = 2.0, window: int = 32, settle: int = 3,
-                 trust: float = 0.5, wall: float | None = None) -> None:
+    def __init__(self, prior: CostCoeffs, *, prior_rounds: float = PRIOR_ROUNDS,
+                 forget: float = FORGET, reject: float = REJECT_SIGMAS,
+                 huber: float = HUBER_SIGMAS, window: int = FIT_WINDOW, settle: int = SETTLE,
+                 trust: float = TRUST, wall: float | None = None) -> None:
         self.prior = prior
         self.wall_fixed = wall  # NOTE: --radixflow-round-overhead-ms: the wall overhead, pinned
         self.n0 = prior_rounds
@@ -201,11 +226,11 @@ class RoundCostEstimator:
         # NOTE: floor relative to the prediction: a noiseless source (the twin) must not reject
         # float rounding; before `settle` residuals, a quarter of the prediction (a lone first
         # outlier is rejected; `settle` alike forwards in a row are a level shift).
-        floor = 1e-3 * predicted + 1e-6
+        floor = SIGMA_FLOOR * predicted + SIGMA_FLOOR_S
         if len(self._resid) < self.settle:
-            return max(0.25 * predicted, floor)
+            return max(COLD_SIGMA * predicted, floor)
         med = sorted(self._resid)[len(self._resid) // 2]
-        return max(1.4826 * med, floor)
+        return max(MAD_SIGMA * med, floor)
 
     def observe(self, rows: int, tokens: int, seconds: float, pairs: float = 0.0) -> bool:
         """Feed one measured prefill forward; False when it was rejected as an outlier."""
@@ -336,6 +361,12 @@ class LaunchPeriods:
 # --------------------------------------------------------------------------------------------
 
 
+# NOTE: the paper's token budget T and its rows S (models.py's `TOKENS` and `DEFAULT_ROWS` are
+# these): a view built without its scan's budgets (the tests) prices a paper-sized round
+PAPER_TOKENS = 8192
+PAPER_ROWS = 64
+
+
 @dataclass(frozen=True)
 class RoundView:
     """Rank-identical facts about the round being scanned, when a candidate is visited."""
@@ -348,8 +379,8 @@ class RoundView:
     rows_left: int  # rows the round may still take, before the candidate
     parked_tokens: int = 0  # extend of consumers already parked this round (they run next)
     parked_rows: int = 0
-    token_budget: int = 8192  # T
-    row_budget: int = 64  # S
+    token_budget: int = PAPER_TOKENS  # T
+    row_budget: int = PAPER_ROWS  # S
     siblings: int = 0  # queued after the candidate, sharing its prefix to the depth (its group)
     host_s: float = 0.0  # scheduler host time a round adds (scan + batch prep; 0 under overlap)
     arrival_rate: float = 0.0  # requests/s arriving (rank 0's clock, shared): they queue too

@@ -102,6 +102,12 @@ class DeferFacts(Protocol):
     frag_spent: bool  # its fragment deferrals are spent
 
 
+# NOTE: the paper's +Frag arm defers a fragment at most twice, then chunks natively (a bound on
+# its latency); never reached at the measured sizes (notes/2026-12-rule-ablation.md): the
+# default of `--radixflow-frag-cap`, which `frag_spent` compares with
+FRAG_CAP = 2
+
+
 def defer(f: DeferFacts) -> tuple[Action, Reason]:
     """DEFER: skip this round a request admitting would cut into a chunk it must not be, before
     it consumes anything; else native admission (whole, or cut as SGLang cuts)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .admission import HOLD_MS
+
 POLICIES = (
     "stock", "radix", "timer5", "timer10", "flex", "traversal", "radixflow", "radixflow-frag",
     "traversal-always", "radixflow-always", "flex-always",
@@ -48,7 +50,7 @@ def policy_spec(name: str, admission_ms: float | None = None) -> PolicySpec:
     low, high = ADMISSION_MS_RANGE
     if admission_ms is not None and not low <= admission_ms <= high:
         raise ValueError(f"admission_ms {admission_ms} is outside [{low:g}, {high:g}]")
-    flex_ms = 5.0 if admission_ms is None else admission_ms
+    flex_ms = HOLD_MS if admission_ms is None else admission_ms
     table = {
         "stock": (True, False, None, 0.0, False),
         "radix": (False, False, None, 0.0, False),

@@ -88,13 +88,18 @@ class Chain:
         return list(self.walk(limit))
 
 
+# NOTE: not measured; chosen as a few scans, so a request revisited each round (parked, or its
+# batch in flight under overlap) keeps its chain while one gone for good is dropped soon
+CHAIN_KEEP = 4  # scans a request's hash chain is kept after its last use
+
+
 class TokenChains:
     """Chains of the requests a traversal visits, kept for `keep` scans after the last use: a
     waiting request is visited round after round, and its chain is its producer's when it is
     admitted (and again each round its batch is in flight). Keyed by rid, valid while the
     request's token object (identity) and namespace are the same."""
 
-    def __init__(self, block: int, keep: int = 4) -> None:
+    def __init__(self, block: int, keep: int = CHAIN_KEEP) -> None:
         self.block = block
         self.keep = keep
         self.round = 0
@@ -122,7 +127,12 @@ class TokenChains:
         self._chains.pop(rid, None)
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int], step: int = 64) -> int:
+# NOTE: a speed step, not a decision (the length is exact whatever the step): one C compare per
+# 64 tokens, SGLang's usual page-aligned block
+COMPARE_STEP = 64
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], step: int = COMPARE_STEP) -> int:
     """Length of the shared token prefix; compares slices so the loop runs per block. Two
     arrays (or two tuples) compare in C: the block doubles while it matches and halves past
     the first mismatch (O(log) compares)."""
@@ -145,10 +155,16 @@ def common_prefix(a: Sequence[int], b: Sequence[int], step: int = 64) -> int:
     return i
 
 
-class ProducerIndex:
-    VERIFY = 4  # sharers of the deepest block confirmed token by token
+# NOTE: the hash chains' block (design.md's Algorithm 1 table): at most theta (core/traversal.py),
+# so a gain of theta spans a whole block; not measured below or above 64
+CHAIN_BLOCK = 64
+# NOTE: a question's four branches and the next question's first share the deepest block; the
+# newest four are verified so that fifth is seen (notes/2026-11-no-buffer-mix.md)
+VERIFY = 4  # sharers of the deepest block confirmed token by token
 
-    def __init__(self, block: int = 64, chains: TokenChains | None = None) -> None:
+
+class ProducerIndex:
+    def __init__(self, block: int = CHAIN_BLOCK, chains: TokenChains | None = None) -> None:
         self.block = block
         self.chains = chains  # NOTE: per-request chains kept across rounds (the traversal's)
         self._by_hash: dict[int, list[str]] = {}
@@ -230,7 +246,7 @@ class ProducerIndex:
         # NOTE: the newest first: sharers of one block differ by < a block, and an older
         # group's producers (its siblings, in flight or admitted earlier) must not hide a
         # later question's producer on the same document (its longer prefix, movable)
-        for rid in [r for r in deepest[-self.VERIFY - 1 :] if r != exclude][-self.VERIFY :]:
+        for rid in [r for r in deepest[-VERIFY - 1 :] if r != exclude][-VERIFY :]:
             p = self._producers[rid]
             if p.namespace != namespace:
                 continue

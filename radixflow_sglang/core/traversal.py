@@ -28,10 +28,17 @@ from .cost import (
 from .grid import Grid, Layout
 from .outcome import Blocking
 from .points import wait
-from .producers import Producer, ProducerIndex, TokenChains
+from .producers import CHAIN_BLOCK, Producer, ProducerIndex, TokenChains
 from .reasons import Reason
 from .stats import RoundStats
 from .waitset import WaitSet
+
+# NOTE: theta's floor (theta = max(G, 64) unless `--radixflow-theta`): full attention publishes
+# every page (G = 1), so it still waits only for a gain of one GDN chunk (FLA's 64); not measured
+THETA_FLOOR = 64
+# NOTE: not measured; chosen as one round of slack past the publish lag (a state a round late
+# is still waited for, and no park outlives lag + 1 rounds): `--radixflow-park-margin`
+PARK_MARGIN = 1
 
 
 @dataclass(frozen=True)
@@ -43,11 +50,11 @@ class TraversalConfig:
     cost_aware: bool = False  # park only when waiting wins (`decide`); else on every Blocked
 
     @staticmethod
-    def default(grid: Grid, overlap: bool, margin: int = 1, theta: int | None = None,
+    def default(grid: Grid, overlap: bool, margin: int = PARK_MARGIN, theta: int | None = None,
                 cost_aware: bool = False):
         lag = 2 if overlap else 1
-        # NOTE: full attention publishes every page, so G is 1 there; wait for >= 64 tokens.
-        return TraversalConfig(grid, theta or max(grid.size, 64), lag + margin, lag, cost_aware)
+        return TraversalConfig(grid, theta or max(grid.size, THETA_FLOOR), lag + margin, lag,
+                               cost_aware)
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class TraversalRound:
 class Traversal:
     def __init__(self, cfg: TraversalConfig) -> None:
         self.cfg = cfg
-        block = min(64, cfg.theta)
+        block = min(CHAIN_BLOCK, cfg.theta)
         self.chains = TokenChains(block)  # NOTE: a request's hash chain, kept across rounds
         self.waits = WaitSet(cfg.max_park_rounds)
         self.round = 0

@@ -156,10 +156,22 @@ class _Stub(SimpleNamespace):
 def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geometry) -> Scheduler:
     """The real scheduler class without its constructor: the attributes the prefill scan reads."""
     s = cls.__new__(cls)
-    args = pools.server_args
+    _pool_attrs(s, pools, cfg, geo)
+    _feature_attrs(s)
+    s.policy = SchedulePolicy(
+        cfg.schedule_policy, pools.cache, enable_hierarchical_cache=False,
+        enable_priority_scheduling=False, schedule_low_priority_values_first=False,
+    )
+    _worker_stubs(s, geo)
+    _event_loop_attrs(s, cfg)
+    return s
+
+
+def _pool_attrs(s: Scheduler, pools: Pools, cfg: KitConfig, geo: Geometry) -> None:
+    """The pools, the queue, the batches and the budgets the scan reads."""
     rows = cfg.rows or geo.rows
     tokens = cfg.tokens or geo.tokens
-    s.server_args = args
+    s.server_args = pools.server_args
     s.req_to_token_pool = pools.req_to_token
     s.token_to_kv_pool_allocator = pools.allocator
     s.tree_cache = pools.cache
@@ -173,8 +185,13 @@ def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geom
     s.chunked_prefill_size = tokens
     s.dynamic_chunk_sizer = None
     s.max_prefill_bs = 0
-    s.is_mixed_chunk = False
     s.enable_overlap = cfg.overlap
+
+
+def _feature_attrs(s: Scheduler) -> None:
+    """SGLang features the kit runs without: off (and their counters at zero), as a server
+    without their flags has them."""
+    s.is_mixed_chunk = False
     s.enable_lora = False
     s.lora_drainer = None
     s.enable_priority_preemption = False
@@ -193,11 +210,10 @@ def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geom
     s.dllm_config = None
     s.hisparse_coordinator = None
     s.spec_algorithm = SpeculativeAlgorithm.NONE
-    s.policy = SchedulePolicy(
-        cfg.schedule_policy, pools.cache, enable_hierarchical_cache=False,
-        enable_priority_scheduling=False, schedule_low_priority_values_first=False,
-    )
-    # Stand-ins for the model/worker side (the scan only reads these fields).
+
+
+def _worker_stubs(s: Scheduler, geo: Geometry) -> None:
+    """Stand-ins for the model/worker side (the scan only reads these fields)."""
     s.model_config = _Stub(vocab_size=geo.vocab_size, is_encoder_decoder=False,
                            hf_text_config=_Stub(mamba_chunk_size=geo.grid),
                            self_opened_think_start_ids=None, think_end_ids=None)
@@ -206,8 +222,6 @@ def make_scheduler(cls: type[Scheduler], pools: Pools, cfg: KitConfig, geo: Geom
     s.beam_coordinator = _Stub(pending_member_rows=lambda batch: 0, commit_decode=lambda b: set(),
                                retire_group=lambda req: None)
     s.load_inquirer = _Stub(_get_num_pending_tokens=lambda chunk_deduct=0: 0)
-    _event_loop_attrs(s, cfg)
-    return s
 
 
 def _event_loop_attrs(s: Scheduler, cfg: KitConfig) -> None:
@@ -476,6 +490,24 @@ class Kit:
         """One event-loop iteration: next batch (prefill, else decode), launch, process (the
         previous batch under overlap). Returns the launched round, if any."""
         s = self.sched
+        self._settle_outside_step()
+        batch = self._timed_next_batch()
+        rnd = None
+        if batch is not None:
+            rnd = self._record(batch) if batch.forward_mode.is_extend() else self._decoded(batch)
+            s.result_queue.append((self.launch(batch), None))
+        elif not s.result_queue:
+            s.new_token_ratio_tracker.reset()  # as Scheduler.on_idle
+        if s.result_queue and (not self.cfg.overlap or batch is None
+                               or len(s.result_queue) > 1):
+            self.complete(s.result_queue.popleft()[0])
+        s.last_batch = batch
+        return rnd
+
+    def _settle_outside_step(self) -> None:
+        """What a test did outside `step` (launched batches, retracted requests), settled as
+        the event loop would have before this iteration."""
+        s = self.sched
         while self.cfg.overlap and len(s.result_queue) > 1:
             # NOTE: batches a test launched outside `step` (its own scans): the overlap loop
             # has processed every result but the last when it schedules (scheduler.py
@@ -486,6 +518,10 @@ class Kit:
                 # NOTE: retracted outside retract_decode (a test, the harness): it leaves the
                 # running batch as retract_decode's filter_batch takes it out.
                 self.drop_running(r)
+
+    def _timed_next_batch(self) -> ScheduleBatch | None:
+        """`next_batch`, its scan timed and counted (`last_scan`, `on_scan`)."""
+        s = self.sched
         queued = len(s.waiting_queue)
         rt, visits = self.runtime, self._visits
         stats = rt.stats if rt is not None else None
@@ -503,17 +539,7 @@ class Kit:
         self.last_scan = ScanTiming(queued, cpu, visited, probed, quiet)
         if self.on_scan is not None:
             self.on_scan(self.last_scan)
-        rnd = None
-        if batch is not None:
-            rnd = self._record(batch) if batch.forward_mode.is_extend() else self._decoded(batch)
-            s.result_queue.append((self.launch(batch), None))
-        elif not s.result_queue:
-            s.new_token_ratio_tracker.reset()  # as Scheduler.on_idle
-        if s.result_queue and (not self.cfg.overlap or batch is None
-                               or len(s.result_queue) > 1):
-            self.complete(s.result_queue.popleft()[0])
-        s.last_batch = batch
-        return rnd
+        return batch
 
     def next_batch(self) -> ScheduleBatch | None:
         """scheduler.py `get_next_batch_to_run` itself (the running batch is the real one)."""

@@ -132,50 +132,65 @@ class VirtualLoop:
             submit: Callable[[T], None]) -> float:
         """Submit `arrivals` (in time order) at `at(a)` and step until everything has drained;
         return `now`, which is then also the end of the last forward."""
-        pending = self._pending = deque(arrivals)
+        self._pending = deque(arrivals)
         self._at = at
-        clock, sched = self.clock, self.kit.sched
         idle = 0
-        while True:
-            while pending and at(pending[0]) <= self.now:
-                submit(pending.popleft())
-            if not self.stepper.busy:
-                if not pending:
-                    break
-                self.now = max(self.now, at(pending[0]))
-                continue
-            if self.before_step is not None:
-                self.before_step()
-            now = self.now
-            clock.now = now
-            clock.next_arrival = at(pending[0]) if pending else math.inf
-            before = len(sched.result_queue)
-            rnd = self.stepper.step()
-            self.steps += 1
-            if rnd is not None:
-                self._launch(rnd, now)
-            slept = clock.now > now  # an admission hold slept in virtual time
-            self.now = max(now, clock.now)
-            popped = before + (rnd is not None) - len(sched.result_queue)
-            end = self.now
-            for _ in range(popped):
-                end = self._inflight.popleft().end_s
-                self.now = max(self.now, end)
-            self._completions(end)
-            if rnd is None and popped == 0:
-                idle += 1
-                if idle > self.max_idle_scans:
-                    raise RuntimeError(
-                        f"{self.label}: no progress for {idle} scans at t={self.now:.3f}s with "
-                        f"{len(sched.waiting_queue)} waiting")
-                if not slept:
-                    self.now = min(clock.next_arrival, self.now + self.idle_tick_s)
-            else:
-                idle = 0
+        while self._advance(submit):
+            progressed, slept = self._step_once()
+            idle = 0 if progressed else self._idle(idle + 1, slept)
         if self._inflight:
             raise RuntimeError(f"{self.label}: {len(self._inflight)} batches never processed")
         self.now = max(self.now, self.gpu_free)
         return self.now
+
+    def _advance(self, submit: Callable[[Any], None]) -> bool:
+        """Submit the arrivals due by `now`; while the stepper has nothing to do, jump to the
+        next arrival. False: nothing runs and nothing is left to arrive."""
+        pending, at = self._pending, self._at
+        while True:
+            while pending and at(pending[0]) <= self.now:
+                submit(pending.popleft())
+            if self.stepper.busy:
+                return True
+            if not pending:
+                return False
+            self.now = max(self.now, at(pending[0]))
+
+    def _step_once(self) -> tuple[bool, bool]:
+        """One stepper iteration at `now`: launch what it returns, process what it completed.
+        Returns (it launched or processed a batch, an admission hold slept in virtual time)."""
+        if self.before_step is not None:
+            self.before_step()
+        clock, sched, pending = self.clock, self.kit.sched, self._pending
+        now = self.now
+        clock.now = now
+        clock.next_arrival = self._at(pending[0]) if pending else math.inf
+        before = len(sched.result_queue)
+        rnd = self.stepper.step()
+        self.steps += 1
+        if rnd is not None:
+            self._launch(rnd, now)
+        slept = clock.now > now  # an admission hold slept in virtual time
+        self.now = max(now, clock.now)
+        popped = before + (rnd is not None) - len(sched.result_queue)
+        end = self.now
+        for _ in range(popped):
+            end = self._inflight.popleft().end_s
+            self.now = max(self.now, end)
+        self._completions(end)
+        return rnd is not None or popped != 0, slept
+
+    def _idle(self, idle: int, slept: bool) -> int:
+        """A step that launched and processed nothing (the `idle`-th in a row): past
+        `max_idle_scans` the run has stalled; else virtual time moves on by an idle tick (not
+        past the next arrival) unless a hold already slept."""
+        if idle > self.max_idle_scans:
+            raise RuntimeError(
+                f"{self.label}: no progress for {idle} scans at t={self.now:.3f}s with "
+                f"{len(self.kit.sched.waiting_queue)} waiting")
+        if not slept:
+            self.now = min(self.clock.next_arrival, self.now + self.idle_tick_s)
+        return idle
 
     def arrive(self, item: Any) -> None:
         """Add an arrival while `run` runs (a closed loop: after a completion)."""
