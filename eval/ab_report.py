@@ -32,7 +32,10 @@ TWINS = tuple(TWIN_MARKS)
 # (key, label): what each run reports; None where the workload has no such figure
 METRICS = (("mean_e2e_ms", "mean e2e (ms)"), ("p99_e2e_ms", "p99 e2e (ms)"),
            ("mean_ttft_ms", "mean TTFT (ms)"), ("prefill_tokens", "prefill tokens"),
-           ("prefill_batches", "prefill batches"))
+           ("prefill_batches", "prefill batches"),
+           # NOTE: the scheduler process's CPU over the replay (OS-read, every arm alike): the
+           # host work an arm adds, beside the latency it shows in
+           ("sched_cpu_ms", "scheduler CPU (ms)"))
 BUSY_FRACTION = 0.5  # CPUs busier than this share before a run (no sample: 1-min load / CPUs)
 BOOTSTRAP = 2000
 SEED = 0

@@ -382,17 +382,21 @@ def bench_figures(run: bench_arm.BenchRun) -> dict[str, float | None]:
     return {"mean_e2e_ms": r.get("mean_e2e_latency_ms"), "p99_e2e_ms": r.get("p99_e2e_latency_ms"),
             "mean_ttft_ms": r.get("mean_ttft_ms"),
             "prefill_tokens": s.get("scheduled_tokens_sglang_log"),
-            "prefill_batches": s.get("rounds_sglang_log")}
+            "prefill_batches": s.get("rounds_sglang_log"),
+            "sched_cpu_ms": _ms(s.get("scheduler_cpu_s"))}
 
 
 def arm_figures(metrics: dict[str, Any]) -> dict[str, float | None]:
     """The client's figures: latency per question (a gsp / trace request is one), no TTFT."""
-    def ms(k: str) -> float | None:
-        return None if metrics.get(k) is None else metrics[k] * 1e3
-
-    return {"mean_e2e_ms": ms("latency_mean_s"), "p99_e2e_ms": ms("latency_p99_s"),
+    return {"mean_e2e_ms": _ms(metrics.get("latency_mean_s")),
+            "p99_e2e_ms": _ms(metrics.get("latency_p99_s")),
             "mean_ttft_ms": None, "prefill_tokens": metrics.get("scheduled_tokens_sglang_log"),
-            "prefill_batches": metrics.get("rounds_sglang_log")}
+            "prefill_batches": metrics.get("rounds_sglang_log"),
+            "sched_cpu_ms": _ms(metrics.get("scheduler_cpu_s"))}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
 
 
 def run_one(w: Workload, arm: str, k: int, args: argparse.Namespace, common: list[str]

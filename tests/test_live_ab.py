@@ -100,6 +100,24 @@ def test_summary_medians_ratios_and_twin_gap():
     assert gap["p99_e2e_ms"] is None
 
 
+def test_each_run_reports_its_schedulers_cpu():
+    """The scheduler process's CPU over the replay sits beside the latency (the host work an
+    arm adds), for the client's arms and bench_serving's alike, with its paired ratio."""
+    from eval import bench_arm, live_ab
+
+    f = live_ab.arm_figures({"latency_mean_s": 0.04, "latency_p99_s": 0.05,
+                             "scheduler_cpu_s": 1.5})
+    assert f["sched_cpu_ms"] == 1500.0 and f["mean_e2e_ms"] == 40.0
+    run = bench_arm.BenchRun("gsp", "radixflow", result={},
+                             server={"scheduler_cpu_s": 0.25})
+    assert live_ab.bench_figures(run)["sched_cpu_ms"] == 250.0
+    assert live_ab.arm_figures({})["sched_cpu_ms"] is None
+    runs = _runs([100, 200], [50, 100])
+    for r in runs:
+        r.figures["sched_cpu_ms"] = 1000.0 if r.arm == "stock" else 1100.0
+    assert ab_report.paired_ratios(runs, "sched_cpu_ms") == [1.1, 1.1]
+
+
 def test_twin_ratios_from_predictions():
     s = {"latency_mean_s": 0.2, "latency_p99_s": 0.4, "ttft_mean_s": 0.1,
          "scheduled_tokens": 1000, "rounds": 10}
@@ -246,6 +264,7 @@ def test_live_ab_two_servers_one_repetition(tmp_path):
     for r in entry["runs"]:
         assert r["load_before"]["cpus"] >= 1 and r["load_after"] is not None
         assert r["figures"]["prefill_batches"] >= 1 and r["figures"]["mean_e2e_ms"] > 0
+        assert r["figures"]["sched_cpu_ms"] > 0
     assert len(entry["summary"]["mean_e2e_ms"]["ratios"]) == 1
     assert entry["twin"]["default"]["ratios"]["mean_e2e_ms"] is not None
     scans = entry["twin"]["scans"]  # NOTE: the same twin with its scans charged
