@@ -37,6 +37,8 @@ def test_followers_count_what_came_during_the_heads_forward():
     f = learned([3, 3, 3, 0])
     f.arrived("q", ("ns", "q"))
     assert f.more(("ns", "q")) == 0.75  # NOTE: 3 of 4 heads had at least one
+    assert f.size(("ns", "q")) == 3.0  # NOTE: those that had more ended with 3
+    assert f.size(("ns", "none")) == 0.0
     for j in range(3):
         f.arrived(f"q.{j}", ("ns", "q"))
     assert f.more(("ns", "q")) == 0.0  # NOTE: every head with 3 had no more
@@ -111,6 +113,11 @@ def test_burst_gain_saves_nothing_where_the_follower_would_wait_for_the_state():
     g = Gate("flex", 5, cost_aware=True)
     assert g.decide(demand(followers=1.0, follower_extend=7000.0), now=0.0) == Decision(
         False, "cost")
+    # NOTE: every follower of the burst recomputes it: three of a 3,000-token document cost
+    # 64 ms against the 42.6 ms round (live QuALITY: the traversal makes them wait)
+    assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=3000.0, size=1) > 0
+    assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=3000.0, size=3) < 0
+    assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=300.0, size=3) > 0
 
 
 def test_the_gate_holds_a_head_whose_burst_is_coming_and_releases_it_once_none_is():
@@ -163,9 +170,10 @@ def test_kit_branches_arriving_apart_run_in_one_round_once_learned():
 
 
 def test_kit_a_head_whose_followers_would_wait_is_not_held():
-    """The same bursts on 7,000-token documents: recomputing one costs more than the round it
-    would save (7,000 x 7.1 us > 42.6 ms), so a follower would wait for the head's state and
-    the question takes two rounds held or not: the head is never held (hold reason `cost`)."""
+    """The same bursts on 3,000-token documents (live QuALITY's): the three followers
+    recomputing one cost more than the round they would save (3 x 3,000 x 7.1 us > 42.6 ms),
+    so they would wait for the head's state and the question takes two rounds held or not:
+    the head is never held (hold reason `cost`)."""
     from radixflow_sglang.testing.kit import Kit, KitConfig
 
     clock = Clock()
@@ -173,7 +181,7 @@ def test_kit_a_head_whose_followers_would_wait_is_not_held():
     k.runtime.use_prior(PAPER)
     held = []
     for q in range(4):
-        doc = list(range(10_000 * (q + 1), 10_000 * (q + 1) + 7000))
+        doc = list(range(10_000 * (q + 1), 10_000 * (q + 1) + 3000))
         reqs = [k.req(f"q{q}{b}", doc + [i + 1]) for i, b in enumerate("ABCD")]
         clock.t = q * 1.0
         k.submit(reqs[0])

@@ -179,7 +179,8 @@ class AdmissionHold:
         extend = self._extend(sched, head) if more > 0 and cost is not None else None
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
-                      self.arrivals.burst(), more, len(keys), extend)
+                      self.arrivals.burst(), more, len(keys), extend,
+                      self.followers.size(first) if more > 0 else 1.0)
 
     def _extend(self, sched: Scheduler, head: Req) -> int:
         """What a follower of `head` would recompute beside it: its extend past the cached

@@ -41,6 +41,8 @@ class Demand:
     # tokens a follower of the oldest held request would recompute beside it in one round:
     # that request's extend past its cached prefix (None: `mean_extend`; rank-identical)
     follower_extend: float | None = None
+    # the followers its burst ends with when more come (`Followers.size`; rank-identical)
+    burst_size: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -66,22 +68,23 @@ def hold_gain(held: int, rate: float, mean_extend: float, c: CostCoeffs,
 
 
 def burst_gain(heads: int, more: float, wait_left: float, mean_extend: float,
-               c: CostCoeffs, follower_extend: float | None = None) -> float:
+               c: CostCoeffs, follower_extend: float | None = None,
+               size: float = 1.0) -> float:
     """Net latency (s) holding the rest of the wait saves when another request of the oldest
     held request's burst follows with probability `more` (`Followers.more`). A burst is one
     question (its latency is its last request's, as core/cost.py `RoundView.tied`): released
     now, its held requests run alone and a follower, arriving during that forward, in a round
-    of its own after it, reusing their state; held until it comes (at most `wait_left`), all
-    run in one round, where the follower recomputes the shared prefix (`follower_extend`
-    tokens): the question saves a round's fixed cost alpha and pays that work. Where the work
-    costs more than the round, the traversal makes the follower wait for the state
-    (core/cost.py `wait_wins`): a round later either way, so holding saves nothing. The
-    question pays the wait; each other held question (`heads` - 1) pays the wait and the
-    follower's work. Positive: holding wins."""
+    of its own after it, reusing their state; held until they come (at most `wait_left`), all
+    run in one round, where its `size` followers each recompute the shared prefix
+    (`follower_extend` tokens): the question saves a round's fixed cost alpha and pays that
+    work. Where the work costs more than the round, the traversal makes the followers wait for
+    the state (core/cost.py `group_wait_wins`): a round later either way, so holding saves
+    nothing. The question pays the wait; each other held question (`heads` - 1) pays the wait
+    and a follower's work. Positive: holding wins."""
     if more <= 0 or wait_left <= 0:
         return 0.0
     own = _join(c, mean_extend if follower_extend is None else follower_extend)
-    saved = max(c.alpha - own, 0.0)
+    saved = max(c.alpha - max(size, 1.0) * own, 0.0)
     return more * saved - wait_left - (heads - 1) * (wait_left + more * _join(c, mean_extend))
 
 
@@ -186,6 +189,13 @@ class Followers:
         reached = sum(1 for c in self._counts if c >= n)
         return sum(1 for c in self._counts if c > n) / reached if reached else 0.0
 
+    def size(self, key: Hashable) -> float:
+        """The followers the open head with `key` ends with when more come: the mean count of
+        the past heads that had more than it has so far (0: none)."""
+        w = self._open.get(key)
+        more = [c for c in self._counts if w is not None and c > w.count]
+        return sum(more) / len(more) if more else 0.0
+
 
 # NOTE: the paper's flexible-admission bound D (5 ms); the flex policies' default, a user flag
 # (`--radixflow-admission-ms`, core/policy.py)
@@ -225,7 +235,7 @@ class Gate:
         wait_left = self.deadline_s - (now - d.oldest_arrival)
         return (hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0
                 and burst_gain(d.heads, d.followers, wait_left, d.mean_extend, d.cost,
-                               d.follower_extend) <= 0)
+                               d.follower_extend, d.burst_size) <= 0)
 
     def wake_in(self, d: Demand, now: float) -> float:
         """Seconds until the deadline: the loop may sleep this long, never past it."""
