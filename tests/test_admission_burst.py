@@ -137,20 +137,31 @@ class Clock:
         return self.t
 
 
-def test_kit_branches_arriving_apart_run_in_one_round_once_learned():
-    """At the paper's round cost a question's four branches reach an idle scheduler 1 ms
-    apart: with nothing learned the first runs alone and the rest, arriving during its
-    forward, in the next round; once three followers per head are expected a head is held
-    until its branches come, and the question runs in one round."""
+def paper_kit():
+    """A kit on a virtual clock with the paper profile's round cost already known."""
     from radixflow_sglang.testing.kit import Kit, KitConfig
 
     clock = Clock()
     k = Kit(KitConfig(), policy="radixflow", clock=clock, sleep=lambda s: None)
     k.runtime.use_prior(PAPER)
+    return clock, k
+
+
+def questions(k, doc_len: int, n: int = 4):
+    """`n` questions of four branches, each on a document of its own."""
+    for q in range(n):
+        doc = list(range(10_000 * (q + 1), 10_000 * (q + 1) + doc_len))
+        yield q, [k.req(f"q{q}{b}", doc + [i + 1]) for i, b in enumerate("ABCD")]
+
+
+def test_kit_branches_arriving_apart_run_in_one_round_once_learned():
+    """At the paper's round cost a question's four branches reach an idle scheduler 1 ms
+    apart: with nothing learned the first runs alone and the rest, arriving during its
+    forward, in the next round; once three followers per head are expected a head is held
+    until its branches come, and the question runs in one round."""
+    clock, k = paper_kit()
     rounds = []
-    for q in range(4):
-        doc = list(range(10_000 * (q + 1), 10_000 * (q + 1) + 1500))
-        reqs = [k.req(f"q{q}{b}", doc + [i + 1]) for i, b in enumerate("ABCD")]
+    for q, reqs in questions(k, 1500):
         clock.t = q * 1.0
         k.submit(reqs[0])
         ran = [k.step()]
@@ -174,15 +185,9 @@ def test_kit_a_head_whose_followers_would_wait_is_not_held():
     recomputing one cost more than the round they would save (3 x 3,000 x 7.1 us > 42.6 ms),
     so they would wait for the head's state and the question takes two rounds held or not:
     the head is never held (hold reason `cost`)."""
-    from radixflow_sglang.testing.kit import Kit, KitConfig
-
-    clock = Clock()
-    k = Kit(KitConfig(), policy="radixflow", clock=clock, sleep=lambda s: None)
-    k.runtime.use_prior(PAPER)
+    clock, k = paper_kit()
     held = []
-    for q in range(4):
-        doc = list(range(10_000 * (q + 1), 10_000 * (q + 1) + 3000))
-        reqs = [k.req(f"q{q}{b}", doc + [i + 1]) for i, b in enumerate("ABCD")]
+    for q, reqs in questions(k, 3000):
         clock.t = q * 1.0
         k.submit(reqs[0])
         held.append(k.step() is None)
