@@ -43,6 +43,13 @@ def test_followers_count_what_came_during_the_heads_forward():
         f.arrived(f"q.{j}", ("ns", "q"))
     assert f.more(("ns", "q")) == 0.0  # NOTE: every head with 3 had no more
     assert f.more(("ns", "other")) == 0.0 and f.open() == 1
+    # NOTE: selected, its window waits for the next pass but holds no request: an idle
+    # server whose last round took it keeps no record of it (the kit's stale-record check)
+    f.selected("q")
+    assert f.open() == 0 and f.more(("ns", "q")) == 0.0
+    f.arrived("q.3", ("ns", "q"))  # NOTE: during its forward: still its follower
+    f.passed()
+    assert f.open() == 0 and f.size(("ns", "x")) == 0.0
 
 
 def test_a_burst_that_came_together_closes_in_its_own_pass():

@@ -175,8 +175,10 @@ class Followers:
             self._counts.append(w.count)
 
     def open(self) -> int:
-        """Heads whose followers are still counted (0 on an idle server after a pass)."""
-        return len(self._open)
+        """Heads still queued whose followers are counted (0 once every request has left the
+        queue). NOTE: a selected head's window holds no request and closes at the next pass;
+        counting it made an idle kit whose last round ended its run read a stale record."""
+        return sum(1 for w in self._open.values() if not w.selected)
 
     def more(self, key: Hashable) -> float:
         """The chance another follower comes to the open, unselected head with `key` (0: none
