@@ -291,6 +291,7 @@ def test_a_state_published_on_its_path_or_a_sibling_run_asks_the_full_rule_again
     from types import SimpleNamespace
 
     from radixflow_sglang.adapter.boundary import STALE
+    from radixflow_sglang.adapter.queueindex import QueueIndex
     from radixflow_sglang.adapter.reqs import namespace, req_tokens
 
     G = grid_of()
@@ -310,9 +311,9 @@ def test_a_state_published_on_its_path_or_a_sibling_run_asks_the_full_rule_again
     def again() -> bool:
         return b.still_deferred(x, req_tokens(x), namespace(x), taken, True, 0)
 
-    b.begin_scan(kit.sched.waiting_queue)
+    b.begin_scan(QueueIndex(kit.sched.waiting_queue))
     b.end_scan([firsts[0]])  # NOTE: another group's extend: not on its path
-    b.begin_scan(kit.sched.waiting_queue)
+    b.begin_scan(QueueIndex(kit.sched.waiting_queue))
     assert not b.still_deferred(x, req_tokens(x), namespace(x), SimpleNamespace(
         new_chunked_req=None, can_run_list=[]), True, 0)  # the slot is free: the full rule
     assert not b.still_deferred(x, req_tokens(x), namespace(x), taken, False, 0)
@@ -320,9 +321,9 @@ def test_a_state_published_on_its_path_or_a_sibling_run_asks_the_full_rule_again
     sibling = kit.req("g2r1", prompts[2] + _ids(rng, G + 3))
     sibling.extend_end = len(req_tokens(sibling))  # NOTE: as a scan that ran it leaves it
     b.end_scan([sibling])
-    b.begin_scan(kit.sched.waiting_queue)
+    b.begin_scan(QueueIndex(kit.sched.waiting_queue))
     assert not again()  # a sibling ran: its users changed
     for _ in range(STALE + 1):
-        b.begin_scan(kit.sched.waiting_queue)
+        b.begin_scan(QueueIndex(kit.sched.waiting_queue))
     y = firsts[1]
     assert not b.still_deferred(y, req_tokens(y), namespace(y), taken, True, 0)  # too old

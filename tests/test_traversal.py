@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+from radixflow_sglang.adapter.queueindex import QueueIndex
 from radixflow_sglang.config import RadixFlowConfig
 from radixflow_sglang.core.reasons import Reason, ablating
 from radixflow_sglang.testing.fixtures import NO_LEAK, coverage_errors, toks
@@ -681,7 +682,7 @@ def test_pruning_drops_the_records_of_requests_gone_unseen(make_kit):
     assert "P" in rt.requests
     k.sched.waiting_queue.clear()  # gone unseen: no abort hook ran
     k.submit(k.req("Q", toks(70_000, 200)))
-    rt.records.sweep(k.sched.waiting_queue, whole=True)
+    rt.records.sweep(QueueIndex(k.sched.waiting_queue), whole=True)
     assert "P" not in rt.requests and rt.records.count() == 0  # Q is not registered yet
     assert [r.rid for r in k.sched.waiting_queue] == ["Q"]  # the queue itself is untouched
 

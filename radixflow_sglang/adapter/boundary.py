@@ -27,7 +27,7 @@ The state is SGLang's own tracked state and SGLang's match decides every later r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixflow_sglang.core.boundary import BoundaryLearner, MarkerLearner, UsageRate, wants
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
     from radixflow_sglang.core.cost import CostCoeffs
+
+    from .queueindex import QueueIndex
 
 PARAMS_PATH = "sampling_params.custom_params"
 FIELD_PATH = f"{PARAMS_PATH}.{FIELD}"
@@ -168,10 +170,10 @@ class BoundaryPublisher:
         """The last `admitted` call's rules (the trace)."""
         return self.scan.decided
 
-    def begin_scan(self, queue: Iterable[Req] = ()) -> BoundaryScan:
-        """A new scan over `queue` (SGLang's waiting queue as it begins): a fresh BoundaryScan,
-        which the runtime's Scan holds; the records of requests gone from a long queue are
-        dropped now and then."""
+    def begin_scan(self, queue: QueueIndex) -> BoundaryScan:
+        """A new scan over `queue` (the scan's index of SGLang's waiting queue as it begins): a
+        fresh BoundaryScan, which the runtime's Scan holds; the records of requests gone from a
+        long queue are dropped now and then."""
         self.scan = BoundaryScan(self.scan.number + 1, queue, self.keys, self.grid.size)
         if len(self.keys) > KEYS_PER_QUEUED * len(self.scan.queue) + KEYS_SLACK:
             self.keys.keep_only(self.scan.rids)

@@ -1,11 +1,13 @@
 """What the boundary publisher knows of one scan's queue (issue 15; adapter/boundary.py).
 
-`BoundaryScan` holds one scan's facts: the waiting queue as the scan began (rank-identical), the
-indexes built over it on first use (sibling groups per depth, sharers of a first grid step,
-demand prefix sums) and what this scan's selections did (selected, served, cut, decided).
+`BoundaryScan` holds one scan's facts: the waiting queue as the scan began (rank-identical: the
+scan's queue index, adapter/queueindex.py, with its positions and demand prefix sums), the
+indexes built over it on first use (sibling groups per depth, sharers of a first grid step)
+and what this scan's selections did (selected, served, cut, decided).
 `BoundaryPublisher.begin_scan` builds a fresh one, so nothing is reset by hand. `PrefixKeys`
 (the prefix hashes of queued requests) lives across scans: a request is hashed once while it
-waits. A leaf: it imports nothing of ours but the pure core and the Req accessors.
+waits. A leaf: it imports nothing of ours but the pure core, the Req accessors and the queue
+index.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import TYPE_CHECKING
 from radixflow_sglang.core.producers import as_tokens, common_prefix
 from radixflow_sglang.core.reasons import Reason
 
-from .reqs import namespace, req_len, req_tokens
+from .queueindex import QueueIndex
+from .reqs import namespace, req_tokens
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -84,27 +87,26 @@ class Placement:
 @dataclass(eq=False)
 class BoundaryScan:
     """One scan's queue and what its selections did. `number`: the publisher's scan count;
-    `keys`: the prefix keys kept across scans; `step`: the grid size."""
+    `index`: the scan's queue index (the runtime's, shared with its ScanView); `keys`: the
+    prefix keys kept across scans; `step`: the grid size."""
 
     number: int = 0
-    queue: list = field(default_factory=list)  # the waiting queue (rank-identical)
+    index: QueueIndex = field(default_factory=QueueIndex)  # the waiting queue (rank-identical)
     keys: PrefixKeys = field(default_factory=PrefixKeys)
     step: int = 1
-    rids: set[str] = field(init=False)
     groups: dict[int, dict[tuple, int]] = field(default_factory=dict)  # depth -> key -> queued
     heads: dict[tuple, list] | None = None  # key at one grid step -> queued requests
-    pos: dict[str, int] = field(default_factory=dict)  # rid -> queue position (`between`)
-    cum: list[int] | None = None  # demand prefix sums of the queue (`between`)
     slot_keys: dict[tuple, None] = field(default_factory=dict)  # deferred for the slot, in order
     serving: set[tuple] = field(default_factory=set)  # keys published at their boundary
     selected: set[str] = field(default_factory=set)  # rids selected
     fork_marks: dict[str, tuple[int, Marker]] = field(default_factory=dict)  # rid -> (d, marker)
     cut: Req | None = None  # the request cut at its boundary
     decided: Placement | None = None  # the last `admitted` call's rules (the trace)
+    queue: list = field(init=False)  # the index's requests, in order
+    rids: set[str] = field(init=False)  # the index's rids
 
     def __post_init__(self) -> None:
-        self.queue = list(self.queue)
-        self.rids = {r.rid for r in self.queue}
+        self.queue, self.rids = self.index.queue, self.index.rids
 
     def groups_at(self, depth: int) -> dict[tuple, int]:
         """This scan's queued requests per key (namespace, depth, prefix hash) at `depth`."""
@@ -134,13 +136,11 @@ class BoundaryScan:
 
     def between(self, req: Req, r: Req) -> int | None:
         """The demand (input lengths less ready prefixes: an upper bound) queued after `req` up
-        to and including `r`; None when `r` comes before it (the scan has passed it)."""
-        if self.cum is None:
-            self.pos = {q.rid: i for i, q in enumerate(self.queue)}
-            self.cum = list(itertools.accumulate(
-                (req_len(q) - q.prefix_len for q in self.queue), initial=0))
-        i, j = self.pos.get(req.rid, -1), self.pos.get(r.rid)
-        return None if j is None or j < i else self.cum[j + 1] - self.cum[i + 1]
+        to and including `r`; None when `r` comes before it (the scan has passed it). NOTE:
+        the ready prefixes as they are at the scan's first call (`QueueIndex.demand`)."""
+        cum, pos = self.index.demand, self.index.pos
+        i, j = pos.get(req.rid, -1), pos.get(r.rid)
+        return None if j is None or j < i else cum[j + 1] - cum[i + 1]
 
     def sharers(self, req: Req, tokens, ns) -> list[Req]:
         """The queued requests not selected this scan that share `req`'s first grid step, at

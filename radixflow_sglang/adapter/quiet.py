@@ -24,29 +24,30 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
 
+    from .queueindex import QueueIndex
+
 Groups = list[list[tuple[Sequence[int], "Req | None"]]]
 
 
 def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
                requests: Mapping[str, RequestStats], cost: RoundCost,
-               layout: Layout) -> Reason | None:
+               layout: Layout, queue: QueueIndex) -> Reason | None:
     """The rule by which no candidate of this scan can wait, if one does (from rank-identical
     inputs; nothing may be parked): `quiet_scan`, no chunk continues and every queued request
     fits the round at a recompute cheaper than a round's fixed cost (core/cost.py
     `never_waits`); `unshared_scan`, no visit can find a sharer (`sharing`); `covered_scan`,
     what they share is ready already (`covered`). Boundaries still publish: their states serve
-    later requests without a wait."""
-    q = sched.waiting_queue
-    if not q or len(t.waits):
+    later requests without a wait. `queue`: the scan's queue index (adapter/queueindex.py)."""
+    if not queue or len(t.waits):
         return None
     if (enabled(Reason.QUIET_SCAN) and sched.chunked_req is None
-            and never_waits(cost.fit.decision_coeffs, [req_len(r) for r in q],
+            and never_waits(cost.fit.decision_coeffs, queue.lens,
                             running(sched), int(budget_left(adder)),
                             sched.max_running_requests, cost.host_s(), adder.page_size)):
         return Reason.QUIET_SCAN
     if not (enabled(Reason.UNSHARED_SCAN) or enabled(Reason.COVERED_SCAN)):
         return None
-    groups = sharing(sched, t, requests)
+    groups = sharing(sched, t, requests, queue.queue)
     if groups is None:
         return None
     if not groups and enabled(Reason.UNSHARED_SCAN):
@@ -57,9 +58,9 @@ def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
     return None
 
 
-def sharing(sched: Scheduler, t: Traversal, requests: Mapping[str, RequestStats]
-            ) -> Groups | None:
-    """The queued requests and live producers (the continuing chunk, extends in flight)
+def sharing(sched: Scheduler, t: Traversal, requests: Mapping[str, RequestStats],
+            queue: Sequence[Req]) -> Groups | None:
+    """The queued requests (`queue`) and live producers (the continuing chunk, extends in flight)
     grouped by first-block chain key (namespace and tokens), the groups in which a queued
     request (the Req; a live one: None) shares with another member, each member with its
     tokens; None when a queued request has waited (a released consumer's round has its own
@@ -72,7 +73,7 @@ def sharing(sched: Scheduler, t: Traversal, requests: Mapping[str, RequestStats]
     if sched.chunked_req is not None:
         live.append(sched.chunked_req)
     groups: dict[int, list[tuple[Sequence[int], Req | None]]] = {}
-    for r, queued in [(r, False) for r in live] + [(r, True) for r in sched.waiting_queue]:
+    for r, queued in [(r, False) for r in live] + [(r, True) for r in queue]:
         if queued and (rs := requests.get(r.rid)) is not None and rs.rounds_parked:
             return None
         if req_len(r) >= index.block:

@@ -8,7 +8,7 @@ not a record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
     from .boundary import BoundaryPublisher
+    from .queueindex import QueueIndex
 
 SWEEP_SLACK = 1024  # records past twice the queue that start a whole sweep
 
@@ -66,12 +67,12 @@ class Records:
             self.traversal.waits.forget(rid)
         return rs
 
-    def sweep(self, queue: Sequence[Req], whole: bool = False) -> None:
+    def sweep(self, queue: QueueIndex, whole: bool = False) -> None:
         """Forget the requests that left the queue with no hook seeing them go (SGLang's aborts
         call `forget` at once, adapter/scheduler.py `_release_aborted_request`; selection
         `selected`): every parked one (a stale wait-set entry would keep every later scan off
         its quiet path), and every recorded one once the records outgrow the queue (or
-        `whole`)."""
+        `whole`). `queue`: the scan's queue index (adapter/queueindex.py)."""
         waits = self.traversal.waits if self.traversal is not None else None
         if whole or self.count() > 2 * len(queue) + SWEEP_SLACK:
             rids = [*self.requests, *self.frag_deferred, *waits.total_rounds] if waits else [
@@ -80,7 +81,7 @@ class Records:
             rids = waits.rids()
         else:
             return
-        live = {r.rid for r in queue}
+        live = queue.rids
         for rid in [rid for rid in rids if rid not in live]:
             self.forget(rid)
 

@@ -31,6 +31,7 @@ from .admission import AdmissionHold, Sleep
 from .boundary import BoundaryPublisher, cut_chunk
 from .facts import DeferFacts, VisitFacts
 from .order import recheck_first
+from .queueindex import QueueIndex
 from .quiet import quiet_rule
 from .records import Records
 from .reporting import Reporting, summary
@@ -192,18 +193,18 @@ class RadixFlowRuntime:
     # --- scan hooks (called from scan.py) ------------------------------------------------------
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
         self.round += 1
-        self.records.sweep(sched.waiting_queue)
-        self._order(sched)
-        scan = self.scan = Scan(self.round, sched=sched, requests=self.requests,
-                                cost=self.roundcost,
-                                boundary=self.boundary.begin_scan(sched.waiting_queue))
+        self._order(sched)  # NOTE: before the index (its order); the sweep reads only its rids
+        queue = QueueIndex(sched.waiting_queue)
+        self.records.sweep(queue)
+        scan = self.scan = Scan(self.round, sched=sched, requests=self.requests, queue=queue,
+                                cost=self.roundcost, boundary=self.boundary.begin_scan(queue))
         if self.traversal is None:
             scan.stats = RoundStats(self.round, t_start=self.clock())
             return
         if self.spec.cost_aware:
-            self.roundcost.count_arrivals(r.rid for r in sched.waiting_queue)
+            self.roundcost.count_arrivals(queue.rids)
             scan.quiet = quiet_rule(sched, adder, self.traversal, self.requests, self.roundcost,
-                                    self.grid.layout)
+                                    self.grid.layout, queue)
             if scan.quiet is not None:
                 # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
                 # plus the boundary publisher's work (eval/hostcost.py charges it apart)

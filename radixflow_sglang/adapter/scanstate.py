@@ -2,11 +2,13 @@
 
 `RadixFlowRuntime.begin_scan` builds one per scan and the next scan's replaces it, so no
 per-scan fact outlives its scan or is reset by hand: the scan's counters and selections, the
-queue's view (adapter/scanview.py, built at the first decision that needs it), the quiet rule
-that turned the hooks off (adapter/quiet.py) and the traversal's round (core/traversal.py
-TraversalRound: its producers, fork slots, sibling verdicts). What lives longer (the wait set,
-the request records, the round-cost fit, the boundary learner) has its own owner, which the
-scan reads: `requests` (adapter/records.py) and `cost` (adapter/roundcost.py).
+queue's one index (adapter/queueindex.py: order, positions, rids, demand sums, which the view
+and the boundary publisher's scan read), the queue's view (adapter/scanview.py, built at the
+first decision that needs it), the quiet rule that turned the hooks off (adapter/quiet.py) and
+the traversal's round (core/traversal.py TraversalRound: its producers, fork slots, sibling
+verdicts). What lives longer (the wait set, the request records, the round-cost fit, the
+boundary learner) has its own owner, which the scan reads: `requests` (adapter/records.py) and
+`cost` (adapter/roundcost.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from radixflow_sglang.core.reasons import Reason
 from radixflow_sglang.core.stats import RequestStats, RoundStats
 from radixflow_sglang.core.traversal import TraversalRound
 
+from .queueindex import QueueIndex
 from .reqs import budget_left, last_token, namespace, req_tokens
 from .scanview import ScanView
 
@@ -48,6 +51,9 @@ class Scan:
     # None: they are on
     quiet: Reason | None = None
     walk: TraversalRound | None = None  # the traversal's round (None: quiet, or no traversal)
+    # the waiting queue as the scan began, indexed once (adapter/queueindex.py): the view and
+    # the boundary publisher's scan read it
+    queue: QueueIndex = field(default_factory=QueueIndex)
     # the boundary publisher's scan (adapter/boundary_scan.py: its queue questions, placements
     # and the cut it made), built by the publisher for this scan
     boundary: BoundaryScan | None = None
@@ -71,7 +77,7 @@ class Scan:
     def queue_view(self) -> ScanView:
         """The queue's view, built once per scan when a decision first needs it (O(queue))."""
         if self.view is None:
-            self.view = ScanView.of(self.sched)
+            self.view = ScanView.of(self.sched, self.queue)
         return self.view
 
     def siblings(self, req: Req, tokens, depth: int, memo: dict[int, int]) -> int:

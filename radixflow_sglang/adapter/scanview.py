@@ -1,18 +1,20 @@
 """The scan view: one scan's rank-identical picture of the waiting queue for the cost rules.
 
-Built at a scan's first Blocked candidate (O(queue)); the wait rule (core/cost.py RoundView),
-the newcomer deferral and the chunk slot's price (slot.py) read it.
+Built at a scan's first Blocked candidate over the scan's queue index (adapter/queueindex.py: its
+positions and input-length suffix sums, built once per scan); the wait rule (core/cost.py
+RoundView), the newcomer deferral and the chunk slot's price (slot.py) read it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.core.cost import RoundView
 
-from .reqs import budget_left, namespace, req_len, req_tokens, round_budget, running
+from .queueindex import QueueIndex
+from .reqs import budget_left, namespace, req_tokens, round_budget, running
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -31,27 +33,29 @@ class ScanView:
     """Per-scan, rank-identical inputs of the cost-aware wait rule (core/cost.py RoundView):
     the waiting queue's order and token demand, the budgets, the running decode rows."""
 
-    pos: dict[str, int]  # rid -> queue position
-    queue: list  # the waiting queue's requests, in order
-    after: list[int]  # after[i]: input tokens of queue entries i.. (upper bound of demand)
-    queued: int
+    index: QueueIndex  # the scan's queue: order, positions, input-length suffix sums
     running: int
     mean_extend: float
     token_budget: int
     row_budget: int
     parked_tokens: int = 0
     parked_rows: int = 0
+    # NOTE: the index's, read off it once (plain attributes: the wait rule reads them per row)
+    pos: dict[str, int] = field(init=False)  # rid -> queue position
+    queue: list = field(init=False)  # the waiting queue's requests, in order
+    after: list[int] = field(init=False)  # after[i]: input tokens of entries i.. (demand bound)
+    queued: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        ix = self.index
+        self.pos, self.queue, self.after, self.queued = ix.pos, ix.queue, ix.after, len(ix)
 
     @classmethod
-    def of(cls, sched: Scheduler) -> ScanView:
-        q = sched.waiting_queue
-        lens = [req_len(r) for r in q]
-        after = [0] * (len(lens) + 1)
-        for i in range(len(lens) - 1, -1, -1):
-            after[i] = after[i + 1] + lens[i]
-        return cls({r.rid: i for i, r in enumerate(q)}, list(q), after, len(q), running(sched),
-                   after[0] / len(q) if q else 1.0, round_budget(sched),
-                   sched.max_running_requests)
+    def of(cls, sched: Scheduler, index: QueueIndex) -> ScanView:
+        """`index`: the scan's queue (`sched.waiting_queue` as the scan began)."""
+        n = len(index)
+        return cls(index, running(sched), index.after[0] / n if n else 1.0,
+                   round_budget(sched), sched.max_running_requests)
 
     def siblings(self, req: Req, ns: tuple, tokens, depth: int,
                  window: int = SIBLING_WINDOW) -> int:
