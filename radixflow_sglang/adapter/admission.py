@@ -172,7 +172,7 @@ class AdmissionHold:
                     # NOTE: the gate only asks whether the residual fills the budget (core/
                     # admission.py rule c), and the sum only grows: the rest need no match
                     break
-        oldest = min(self.requests[r.rid].registered for r in fresh)
+        oldest = self.requests[head.rid].registered  # NOTE: registration order is seq order
         cost = self.cost() if self.cost is not None else None
         keys = {burst_key(r) for r in fresh}
         more = self.followers.more(first)

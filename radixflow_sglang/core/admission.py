@@ -164,8 +164,8 @@ class Followers:
         shape's p99)."""
         done = [(k, w.selected) for k, w in self._open.items()
                 if w.selected or (w.came == self._pass and w.count and not w.held)]
-        for key, alone in done:
-            self._close(key, learn=alone)
+        for key, selected in done:
+            self._close(key, learn=selected)  # NOTE: else it came together: closed unasked
         self._pass += 1
 
     def _close(self, key: Hashable, learn: bool = True) -> None:
