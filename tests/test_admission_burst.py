@@ -6,7 +6,14 @@ head while another is likely to come and its round's fixed cost outweighs the wa
 
 from __future__ import annotations
 
-from radixflow_sglang.core.admission import Decision, Demand, Followers, Gate, burst_gain
+from radixflow_sglang.core.admission import (
+    Decision,
+    Demand,
+    Expected,
+    Followers,
+    Gate,
+    burst_gain,
+)
 from radixflow_sglang.core.cost import CostCoeffs
 
 PAPER = CostCoeffs(42.6e-3, 7.1e-6, 1e-4, 0.0)  # qwen3.5-0.8b at the paper profile
@@ -19,37 +26,55 @@ def demand(**kw) -> Demand:
     return Demand(**{**base, **kw})
 
 
-def learned(counts: list[int]) -> Followers:
-    """Heads released alone, each followed by `counts[i]` requests in the pass after its
-    round."""
+def learned(counts: list[int], forward: float = 0.040) -> Followers:
+    """Heads released alone, each followed by `counts[i]` requests registered in the pass
+    after its `forward`-second round (when in it they came is unknown)."""
     f = Followers()
+    t = 0.0
     for i, n in enumerate(counts):
-        f.arrived(f"h{i}", ("ns", i))
-        f.passed()  # NOTE: its own pass: none came with it
+        t += 1.0
+        f.arrived(f"h{i}", ("ns", i), t)
+        f.passed(t)  # NOTE: its own pass: none came with it
         f.selected(f"h{i}")
         for j in range(n):
-            f.arrived(f"h{i}.{j}", ("ns", i))
-        f.passed()
+            f.arrived(f"h{i}.{j}", ("ns", i), t + forward)
+        f.passed(t + forward)
     return f
+
+
+def held_head(f: Followers, key, t: float, follows: list[float], after: list[float],
+              forward: float = 0.040) -> None:
+    """A head held at `t`: its followers come `follows` seconds after it, each waking the
+    hold's wait; it is selected with the last, and `after` come during its forward."""
+    f.arrived(f"{key}", ("ns", key), t)
+    f.passed(t)
+    for j, d in enumerate(follows):
+        f.held(("ns", key))
+        f.watched(t + d)  # NOTE: the arrival ends the wait
+        f.arrived(f"{key}.{j}", ("ns", key), t + d)
+        f.passed(t + d)
+    f.selected(f"{key}")
+    end = t + (follows[-1] if follows else 0.005) + forward
+    for j, _ in enumerate(after):
+        f.arrived(f"{key}.late{j}", ("ns", key), end)
+    f.passed(end)
 
 
 def test_followers_count_what_came_during_the_heads_forward():
     f = learned([3, 3, 3, 0])
-    f.arrived("q", ("ns", "q"))
-    assert f.more(("ns", "q")) == 0.75  # NOTE: 3 of 4 heads had at least one
-    assert f.size(("ns", "q")) == 3.0  # NOTE: those that had more ended with 3
-    assert f.size(("ns", "none")) == 0.0
+    f.arrived("q", ("ns", "q"), 10.0)
+    e = f.expect(("ns", "q"), 10.0, 0.005)
+    # NOTE: 3 of 4 heads had followers; never held, none says when: on time
+    assert e.more == 0.75 and e.joined == 2.25 and e.late == 0.0
+    assert f.expect(("ns", "none"), 10.0, 0.005) == Expected()
     for j in range(3):
-        f.arrived(f"q.{j}", ("ns", "q"))
-    assert f.more(("ns", "q")) == 0.0  # NOTE: every head with 3 had no more
-    assert f.more(("ns", "other")) == 0.0 and f.open() == 1
+        f.arrived(f"q.{j}", ("ns", "q"), 10.001 * (j + 1))
+    assert f.expect(("ns", "q"), 10.003, 0.002).more == 0.0  # NOTE: none with 3 had more
+    assert f.open() == 1
     # NOTE: selected, its window waits for the next pass but holds no request: an idle
     # server whose last round took it keeps no record of it (the kit's stale-record check)
     f.selected("q")
-    assert f.open() == 0 and f.more(("ns", "q")) == 0.0
-    f.arrived("q.3", ("ns", "q"))  # NOTE: during its forward: still its follower
-    f.passed()
-    assert f.open() == 0 and f.size(("ns", "x")) == 0.0
+    assert f.open() == 0 and f.expect(("ns", "q"), 10.003, 0.002) == Expected()
 
 
 def test_a_burst_that_came_together_closes_in_its_own_pass():
@@ -58,45 +83,65 @@ def test_a_burst_that_came_together_closes_in_its_own_pass():
     document (same first tokens) is a head of its own, not a follower."""
     f = Followers()
     for r in "ABCD":
-        f.arrived(r, ("ns", "doc"))
-    f.passed()
+        f.arrived(r, ("ns", "doc"), 0.0)
+    f.passed(0.0)
     assert f.open() == 0
-    f.selected("A")
-    f.arrived("E", ("ns", "doc"))
+    f.arrived("E", ("ns", "doc"), 0.1)
     assert f.open() == 1
-    assert f.more(("ns", "doc")) == 0.0
+    assert f.expect(("ns", "doc"), 0.1, 0.005).more == 0.0
 
 
-def test_a_held_head_counts_only_what_came_while_it_waited():
-    f = learned([3])
-    f.arrived("q", ("ns", "q"))
-    f.passed()
-    f.held(("ns", "q"))
-    f.arrived("q.0", ("ns", "q"))
-    f.passed()
-    f.selected("q")  # NOTE: held: its count ends at its selection
-    assert f.open() == 0
-    f.arrived("late", ("ns", "q"))  # NOTE: a later question's: a head of its own
-    assert f.open() == 1
+def test_held_heads_teach_when_followers_come():
+    """Siblings released 4.6 ms apart: a held head sees the first follower come in its hold
+    and the second only after its forward. A new head expects one on time and one late; near
+    its deadline, none on time (the hold's last moments gain nothing)."""
+    f = Followers()
+    for i in range(8):
+        held_head(f, i, float(i), [0.0046], [0.0092])
+    f.arrived("q", ("ns", "q"), 10.0)
+    e = f.expect(("ns", "q"), 10.0, 0.005)
+    # NOTE: two followers each; 8 held heads had one on time and one late, and the on-time
+    # pseudo-head (TIMING_PRIOR): 2 x 5/9 on time, 2 x 4/9 late
+    assert e.more == 1.0 and 1.05 < e.joined < 1.15 and 0.85 < e.late < 0.9, e
+    edge = f.expect(("ns", "q"), 10.0049, 0.0001)
+    assert edge.more < 0.15 and edge.joined < 0.25, edge  # NOTE: only the pseudo-head
+
+
+def test_an_arrival_during_a_selected_heads_forward_heads_its_own_burst():
+    """A later question on the same document arrives while the held head's round runs:
+    holding that head delayed it (a late follower of it), and it is a head of its own, asked
+    and held for its own branches."""
+    f = Followers()
+    f.arrived("q", ("ns", "doc"), 0.0)
+    f.passed(0.0)
+    f.held(("ns", "doc"))
+    f.selected("q")
+    f.arrived("r", ("ns", "doc"), 0.030)
+    f.passed(0.030)
+    assert f.open() == 1  # NOTE: r heads its own burst
+    f.arrived("s", ("ns", "new"), 1.0)
+    assert f.expect(("ns", "new"), 1.0, 0.005).late > 0  # NOTE: q's r came late
 
 
 def test_bursts_that_came_together_teach_nothing_about_a_lone_head():
     """The sibling shape: a lone first request completes, then its siblings arrive together
-    (one pass). Only a head alone at its pass is ever asked `more`, so only such heads are
-    learned from: the lone first must not expect the siblings' followers (issue 51: p99)."""
+    (one pass). Only a head alone at its pass is ever asked, so only such heads are learned
+    from: the lone first must not expect the siblings' followers (issue 51: p99)."""
     f = Followers()
+    t = 0.0
     for g in range(8):
-        f.arrived(f"g{g}", ("ns", g))
-        f.passed()  # NOTE: alone at its pass
+        t += 1.0
+        f.arrived(f"g{g}", ("ns", g), t)
+        f.passed(t)  # NOTE: alone at its pass
         f.selected(f"g{g}")
-        f.passed()  # NOTE: nothing came during its forward: closes with 0
+        f.passed(t + 0.04)  # NOTE: nothing came during its forward: closes with 0
         for j in range(3):  # NOTE: after it completes, the siblings in one pass
-            f.arrived(f"g{g}.{j}", ("ns", g))
-        f.passed()
+            f.arrived(f"g{g}.{j}", ("ns", g), t + 0.1)
+        f.passed(t + 0.1)
         f.selected(f"g{g}.0")
-    f.arrived("next", ("ns", "next"))
-    f.passed()
-    assert f.more(("ns", "next")) == 0.0
+    f.arrived("next", ("ns", "next"), t + 1)
+    f.passed(t + 1)
+    assert f.expect(("ns", "next"), t + 1, 0.005).more == 0.0
 
 
 def test_burst_gain_holds_for_a_likely_follower_when_a_round_costs_more_than_the_wait():
@@ -125,6 +170,17 @@ def test_burst_gain_saves_nothing_where_the_follower_would_wait_for_the_state():
     assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=3000.0, size=1) > 0
     assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=3000.0, size=3) < 0
     assert burst_gain(1, 1.0, 0.005, 1500.0, PAPER, follower_extend=300.0, size=3) > 0
+
+
+def test_burst_gain_charges_each_late_follower_the_wait():
+    """A follower that comes after the deadline now waits for the held round's end. The
+    sibling shape: half the heads (each wave's second) have one sibling on time and one late
+    (4.6 ms apart), the rest (the lone firsts) none. At the live box's 13.5 ms round the late
+    ones' wait outweighs the round saved; at the paper's 42.6 ms round it does not."""
+    box = CostCoeffs(13.5e-3, 2.1e-6, 1e-4, 0.0)
+    assert burst_gain(1, 0.5, 0.005, 1088.0, box) > 0
+    assert burst_gain(1, 0.5, 0.005, 1088.0, box, late=0.5) < 0
+    assert burst_gain(1, 0.5, 0.005, 1088.0, PAPER, late=0.5) > 0
 
 
 def test_the_gate_holds_a_head_whose_burst_is_coming_and_releases_it_once_none_is():

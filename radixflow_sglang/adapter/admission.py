@@ -81,12 +81,12 @@ class AdmissionHold:
     def hold(self, sched: Scheduler, running_batch) -> bool:
         """True: keep the queue out of this round (flexible admission / timer control)."""
         queue = sched.waiting_queue
-        if not queue:
-            self.followers.passed()
-            return False
         now = self.clock()
+        if not queue:
+            self.followers.passed(now)
+            return False
         fresh = self._fresh(queue, now)
-        self.followers.passed()  # NOTE: after this pass's arrivals counted as followers
+        self.followers.passed(now)  # NOTE: after this pass's arrivals counted as followers
         if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
         head = min(fresh, key=lambda r: self.requests[r.rid].seq)
@@ -113,7 +113,7 @@ class AdmissionHold:
             rs = requests.get(r.rid)
             if rs is None:  # NOTE: one lookup per queued request (this runs every pass)
                 self.arrivals.add(now, len(r.origin_input_ids))
-                self.followers.arrived(r.rid, burst_key(r))
+                self.followers.arrived(r.rid, burst_key(r), now)
                 self.register(r)
                 rs = requests[r.rid]
             if not rs.eligible:
@@ -143,6 +143,7 @@ class AdmissionHold:
         if wait > 0:
             self.waits += 1
             self.sleep(wait)
+            self.followers.watched(self.clock())  # NOTE: an arrival ends the wait
 
     def _release(self, fresh: list[Req], decision: Decision) -> None:
         self.release_reason = decision.reason
@@ -175,12 +176,12 @@ class AdmissionHold:
         oldest = self.requests[head.rid].registered  # NOTE: registration order is seq order
         cost = self.cost() if self.cost is not None else None
         keys = {burst_key(r) for r in fresh}
-        more = self.followers.more(first)
-        extend = self._extend(sched, head) if more > 0 and cost is not None else None
+        exp = self.followers.expect(first, now, self.gate.deadline_s - (now - oldest))
+        extend = self._extend(sched, head) if exp.more > 0 and cost is not None else None
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
-                      self.arrivals.burst(), more, len(keys), extend,
-                      self.followers.size(first) if more > 0 else 1.0)
+                      self.arrivals.burst(), exp.more, len(keys), extend,
+                      exp.joined / exp.more if exp.more > 0 else 1.0, exp.late)
 
     def _extend(self, sched: Scheduler, head: Req) -> int:
         """What a follower of `head` would recompute beside it: its extend past the cached

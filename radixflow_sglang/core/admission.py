@@ -11,9 +11,10 @@ tensor-parallel rank, so the adapter shares rank 0's decision through `Agreement
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.reasons import Reason, enabled
@@ -34,15 +35,18 @@ class Demand:
     mean_extend: float = 0.0  # mean input length of recent arrivals (tokens)
     cost: CostCoeffs | None = None  # the round-cost fit (rank-identical)
     burst: float = 1.0  # requests per arrival: registered in the same pass (rank-local)
-    # the chance another request of the oldest held one's burst follows (`Followers.more`;
-    # rank-identical)
+    # the chance another request of the oldest held one's burst comes before its hold's
+    # deadline (`Followers.expect` `more`; rank-local clock)
     followers: float = 0.0
     heads: int = 1  # held requests that head a burst of their own (distinct questions)
     # tokens a follower of the oldest held request would recompute beside it in one round:
     # that request's extend past its cached prefix (None: `mean_extend`; rank-identical)
     follower_extend: float | None = None
-    # the followers its burst ends with when more come (`Followers.size`; rank-identical)
+    # the followers that join its held round when some come (`Expected.joined` / `more`)
     burst_size: float = 1.0
+    # its followers expected after the deadline, during the round (`Expected.late`): holding
+    # delays each
+    late_followers: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,23 +73,27 @@ def hold_gain(held: int, rate: float, mean_extend: float, c: CostCoeffs,
 
 def burst_gain(heads: int, more: float, wait_left: float, mean_extend: float,
                c: CostCoeffs, follower_extend: float | None = None,
-               size: float = 1.0) -> float:
+               size: float = 1.0, late: float = 0.0) -> float:
     """Net latency (s) holding the rest of the wait saves when another request of the oldest
-    held request's burst follows with probability `more` (`Followers.more`). A burst is one
-    question (its latency is its last request's, as core/cost.py `RoundView.tied`): released
-    now, its held requests run alone and a follower, arriving during that forward, in a round
-    of its own after it, reusing their state; held until they come (at most `wait_left`), all
-    run in one round, where its `size` followers each recompute the shared prefix
-    (`follower_extend` tokens): the question saves a round's fixed cost alpha and pays that
-    work. Where the work costs more than the round, the traversal makes the followers wait for
-    the state (core/cost.py `group_wait_wins`): a round later either way, so holding saves
-    nothing. The question pays the wait; each other held question (`heads` - 1) pays the wait
-    and a follower's work. Positive: holding wins."""
+    held request's burst comes before the deadline with probability `more`
+    (`Followers.expect`). A burst is one question (its latency is its last request's, as
+    core/cost.py `RoundView.tied`): released now, its held requests run alone and a follower,
+    arriving during that forward, in a round of its own after it, reusing their state; held
+    until they come (at most `wait_left`), all run in one round, where its `size` followers
+    each recompute the shared prefix (`follower_extend` tokens): the question saves a round's
+    fixed cost alpha and pays that work. Where the work costs more than the round, the
+    traversal makes the followers wait for the state (core/cost.py `group_wait_wins`): a
+    round later either way, so holding saves nothing. The question pays the wait, and so does
+    each of its `late` followers, which come after the deadline and now wait for a later
+    round end (the server cannot tell a question's branches from siblings that are requests
+    of their own: each is charged); each other held question (`heads` - 1) pays the wait and
+    a follower's work. Positive: holding wins."""
     if more <= 0 or wait_left <= 0:
         return 0.0
     own = _join(c, mean_extend if follower_extend is None else follower_extend)
     saved = max(c.alpha - max(size, 1.0) * own, 0.0)
-    return more * saved - wait_left - (heads - 1) * (wait_left + more * _join(c, mean_extend))
+    return (more * saved - wait_left * (1.0 + late)
+            - (heads - 1) * (wait_left + more * _join(c, mean_extend)))
 
 
 def _join(c: CostCoeffs, extend: float) -> float:
@@ -93,9 +101,14 @@ def _join(c: CostCoeffs, extend: float) -> float:
     return c.beta * extend + c.gamma + c.delta * extend * extend / 2
 
 
-# NOTE: not measured; chosen as enough closed heads for `more` to move in steps of ~3 % while
+# NOTE: not measured; chosen as enough closed heads for `expect` to move in steps of ~3 % while
 # it still follows a change of workload within a few dozen questions
-FOLLOWERS_WINDOW = 32  # closed heads whose follower counts `Followers.more` reads
+FOLLOWERS_WINDOW = 32  # closed heads whose followers' arrivals `Followers.expect` reads
+
+
+# NOTE: not measured; one pseudo-head whose followers came on time: the least that keeps a
+# single late follower from ending the holds that would teach when followers come
+TIMING_PRIOR = 1.0
 
 
 @dataclass
@@ -104,99 +117,151 @@ class _Window:
 
     head: str  # the head's rid
     came: int  # the pass it registered in
-    count: int = 0  # followers so far
+    t0: float  # when it registered (rank-local clock)
+    # each follower's arrival after t0, known to lie in (lo, hi]: after the scheduler last
+    # looked at its queue, by the pass that registered it (a forward hides when in between)
+    spans: list[tuple[float, float]] = field(default_factory=list)
     held: bool = False  # a hold kept it waiting
-    selected: bool = False  # a round took it (counted until the next pass)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the followers of a held head are expected to do within its hold (`expect`)."""
+
+    more: float = 0.0  # the chance at least one more comes before the hold's end
+    joined: float = 0.0  # how many more come before it (those join the held round)
+    late: float = 0.0  # how many come after it, during the round (holding delays each)
+
+
+def _share(lo: float, hi: float, a: float, b: float) -> float:
+    """The chance an arrival known to lie in (lo, hi], anywhere alike, lies in (a, b]."""
+    if hi <= lo:
+        return 1.0 if a < hi <= b else 0.0
+    return max(0.0, min(hi, b) - max(lo, a)) / (hi - lo)
 
 
 class Followers:
     """Requests that follow an arrival (its head), sharing its first tokens: a question's
     other branches, the other samples of an n > 1 request, a fork's siblings. A client sends
-    them at once, but HTTP and the tokenizer pass them to the scheduler ~1 ms apart, so the
+    them at once, but HTTP and the tokenizer pass them to the scheduler ~1-10 ms apart, so the
     head often finds an idle scheduler alone and its round runs before they register; the
     arrival rate (`hold_gain`) counts whole questions and cannot expect them.
 
-    A head's followers are counted until: the end of its own pass, where some came with it
-    (the burst arrived together); its selection, where a hold held it (what came while it
-    waited: exact); else the first pass after its round (what came during that forward).
-    `more(n)`: of the last `window` heads alone at their own pass with at least n followers,
-    the share that had more (0 before any). Learned from registrations, holds and selections,
-    which every tensor-parallel rank sees alike."""
+    A head's followers are counted, each with when it came, until: the end of its own pass,
+    where some came with it (the burst arrived together: closed unlearned, as that head is
+    never asked); else the first pass after its round (what came while it waited or during
+    that forward). `expect`: what the last `window` such heads' followers did in the time a
+    hold has left. Learned from registrations, holds and selections on this rank's clock (the
+    hold's outcome is agreed across ranks: adapter/admission.py)."""
 
     def __init__(self, window: int = FOLLOWERS_WINDOW) -> None:
-        self._open: dict[Hashable, _Window] = {}  # by burst key
+        self._open: dict[Hashable, _Window] = {}  # queued heads, by burst key
         self._heads: dict[str, Hashable] = {}  # head rid -> its key, until selected
-        self._counts: deque[int] = deque(maxlen=window)  # followers of each closed head
+        # selected heads, by burst key: counted until the next pass (what comes during their
+        # forward), while a request with their key that comes now heads a burst of its own
+        self._running: dict[Hashable, _Window] = {}
+        # each closed head's followers' arrival spans, and whether a hold watched it
+        self._closed: deque[tuple[tuple, bool]] = deque(maxlen=window)
         self._pass = 0
+        self._seen = 0.0  # when the scheduler last looked: what registers next came after
 
-    def arrived(self, rid: str, key: Hashable) -> None:
-        """A newly registered request: a follower of the open head with its key, else a head."""
-        w = self._open.get(key)
-        if w is not None:
-            w.count += 1
-        else:
-            self._open[key] = _Window(rid, self._pass)
+    def arrived(self, rid: str, key: Hashable, now: float) -> None:
+        """A newly registered request: a follower of the queued head with its key, else a
+        head; also a follower of the selected head with its key (it came during that forward:
+        holding that head delayed it)."""
+        for w in (self._running.get(key), self._open.get(key)):
+            if w is not None:
+                w.spans.append((max(self._seen - w.t0, 0.0), now - w.t0))
+        if key not in self._open:
+            self._open[key] = _Window(rid, self._pass, now)
             self._heads[rid] = key
 
     def held(self, key: Hashable) -> None:
-        """A hold keeps the head with `key` waiting: its followers are those it waits for."""
+        """A hold keeps the head with `key` waiting (its burst did not come together)."""
         w = self._open.get(key)
         if w is not None:
             w.held = True
 
     def selected(self, rid: str) -> None:
-        """A round took `rid` (or it left the queue): a held head's count ends; another's
-        goes on until the next pass."""
+        """A round took `rid` (or it left the queue): a head's count goes on until the next
+        pass (what comes during its forward)."""
         key = self._heads.pop(rid, None)
         if key is not None:
-            w = self._open[key]
-            if w.held:
-                self._close(key)
-            else:
-                w.selected = True
+            self._running[key] = self._open.pop(key)
 
-    def passed(self) -> None:
+    def passed(self, now: float) -> None:
         """A pass registered its arrivals: close the heads selected before it and those whose
-        burst came with them. NOTE: only a head alone at its own pass is ever asked `more`
-        (a burst that came together is closed here, before the gate asks), so only such
-        heads are learned from: siblings that arrive together after a lone first one
-        completes must not make that lone one expect followers (issue 51: the sibling
-        shape's p99)."""
-        done = [(k, w.selected) for k, w in self._open.items()
-                if w.selected or (w.came == self._pass and w.count and not w.held)]
-        for key, selected in done:
-            self._close(key, learn=selected)  # NOTE: else it came together: closed unasked
+        burst came with them. NOTE: only a head alone at its own pass is ever asked (a burst
+        that came together is closed here, before the gate asks), so only such heads are
+        learned from: siblings that arrive together after a lone first one completes must not
+        make that lone one expect followers (issue 51: the sibling shape's p99)."""
+        for w in self._running.values():
+            self._closed.append((tuple(w.spans), w.held))
+        self._running.clear()
+        together = [k for k, w in self._open.items()
+                    if w.came == self._pass and w.spans and not w.held]
+        for key in together:  # NOTE: closed unasked, unlearned
+            self._heads.pop(self._open.pop(key).head, None)
         self._pass += 1
+        self.watched(now)
 
-    def _close(self, key: Hashable, learn: bool = True) -> None:
-        w = self._open.pop(key)
-        self._heads.pop(w.head, None)  # NOTE: still there when it closes unselected
-        if learn:
-            self._counts.append(w.count)
+    def watched(self, now: float) -> None:
+        """The scheduler looked for arrivals at `now` (a pass, or the end of a hold's wait on
+        its socket, which an arrival ends): what registers later came after it."""
+        self._seen = now
 
     def open(self) -> int:
         """Heads still queued whose followers are counted (0 once every request has left the
         queue). NOTE: a selected head's window holds no request and closes at the next pass;
         counting it made an idle kit whose last round ended its run read a stale record."""
-        return sum(1 for w in self._open.values() if not w.selected)
+        return len(self._open)
 
-    def more(self, key: Hashable) -> float:
-        """The chance another follower comes to the open, unselected head with `key` (0: none
-        open): the share of past heads with as many followers as it has so far that had
-        more."""
+    def expect(self, key: Hashable, now: float, wait_left: float) -> Expected:
+        """What the open, unselected head with `key` can expect in the `wait_left` seconds a
+        hold has left, from the past heads with as many followers as it has so far: whether
+        more came (`_more`), and of those a hold watched, when (`_timing`). Nothing for a head
+        that is not open or has no past."""
         w = self._open.get(key)
-        if w is None or w.selected:
-            return 0.0
-        n = w.count
-        reached = sum(1 for c in self._counts if c >= n)
-        return sum(1 for c in self._counts if c > n) / reached if reached else 0.0
+        if w is None:
+            return Expected()
+        n = len(w.spans)
+        past = [(spans[n:], held) for spans, held in self._closed if len(spans) >= n]
+        more, size = _more(past)
+        if not more:
+            return Expected()
+        age = now - w.t0
+        first, joined, late = _timing([nxt for nxt, held in past if held and nxt],
+                                      age, age + wait_left)
+        return Expected(more * first, more * size * joined, more * size * late)
 
-    def size(self, key: Hashable) -> float:
-        """The followers the open head with `key` ends with when more come: the mean count of
-        the past heads that had more than it has so far (0: none)."""
-        w = self._open.get(key)
-        more = [c for c in self._counts if w is not None and c > w.count]
-        return sum(more) / len(more) if more else 0.0
+
+def _more(past: list[tuple[tuple, bool]]) -> tuple[float, float]:
+    """The share of past heads that had more followers, and how many more those had."""
+    counts = [len(nxt) for nxt, _ in past if nxt]
+    return (len(counts) / len(past), sum(counts) / len(counts)) if counts else (0.0, 0.0)
+
+
+def _timing(watched: list[tuple[tuple[float, float], ...]], a: float,
+            b: float) -> tuple[float, float, float]:
+    """When the next followers of held heads came (a hold watches its head's queue, so they
+    registered as they arrived; those after its end, during its forward, are known only to
+    lie in that forward): the chance one came in (a, b], and the share of them that came in
+    it and after it. A head never held says nothing of when; the estimate starts from
+    `TIMING_PRIOR` heads whose followers all came on time, so holds go on until held heads
+    teach otherwise (one early hold whose only follower came late must not stop every later
+    hold, and with it the learning)."""
+    first = on_time = TIMING_PRIOR
+    after = 0.0
+    for nxt in watched:
+        none = 1.0
+        for lo, hi in nxt:
+            p = _share(lo, hi, a, b)
+            none *= 1.0 - p
+            on_time += p / len(nxt)
+            after += _share(lo, hi, b, math.inf) / len(nxt)
+        first += 1.0 - none
+    k = len(watched) + TIMING_PRIOR
+    return first / k, on_time / k, after / k
 
 
 # NOTE: the paper's flexible-admission bound D (5 ms); the flex policies' default, a user flag
@@ -237,7 +302,7 @@ class Gate:
         wait_left = self.deadline_s - (now - d.oldest_arrival)
         return (hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0
                 and burst_gain(d.heads, d.followers, wait_left, d.mean_extend, d.cost,
-                               d.follower_extend, d.burst_size) <= 0)
+                               d.follower_extend, d.burst_size, d.late_followers) <= 0)
 
     def wake_in(self, d: Demand, now: float) -> float:
         """Seconds until the deadline: the loop may sleep this long, never past it."""
