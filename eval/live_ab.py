@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bootstrap resamples (default: %(default)s)")
     p.add_argument("--progress", action="store_true", help="the client's progress bars")
     p.add_argument("--twin-front-end", type=run_arms.twin_front_end_choice, default="live",
-                   metavar="live|off|fitted|C_MS,A_MS,B_US",
+                   metavar="live|off|fitted|C_MS,A_MS,B_US[,JITTER_MS[,BACK_MS]]",
                    help="the twins' front end for client workloads (eval.run_arms "
                         "--twin-front-end; live, the default, fits it on each workload's first "
                         "radixflow run)")

@@ -127,11 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "branch order, as a live client's concurrent sends pass HTTP and the "
                         "tokenizer in turn (eval.live_ab measures it); latency still counts "
                         "from the question's arrival (default 0: together)")
-    p.add_argument("--front-end", default="off", metavar="off|fitted|C_MS,A_MS,B_US",
+    p.add_argument("--front-end", default="off",
+                   metavar="off|fitted|C_MS,A_MS,B_US[,JITTER_MS[,BACK_MS]]",
                    help="the live server's front end (eval/frontend.py): branch j of a question "
                         "reaches the scheduler C ms + the sum over branches k <= j of (A ms + "
                         "B us x tokens_k) after the question's arrival (HTTP and the tokenizer "
-                        "take them in turn); `fitted`: the fit on the live paper mix runs "
+                        "take them in turn), each drawn with sd JITTER ms about that (seeded by "
+                        "its rid), and the client receives a completion BACK ms after its "
+                        "forward; `fitted`: the fit on the live paper mix runs "
                         "(eval/frontend.py FITTED). Measured from the client's send, it includes "
                         "the send spread: not with --branch-spread-ms (default off)")
     p.add_argument("--alpha-ms", type=cli.non_negative(float, "a number"), default=None,

@@ -157,12 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "the live host is known (the simulated executor) and free scans "
                         "(none) on a GPU box, whose host it was not calibrated on")
     p.add_argument("--twin-front-end", type=twin_front_end_choice, default="live",
-                   metavar="live|off|fitted|C_MS,A_MS,B_US",
+                   metavar="live|off|fitted|C_MS,A_MS,B_US[,JITTER_MS[,BACK_MS]]",
                    help="when the twin's branches reach its scheduler (eval/frontend.py): live "
                         "(default) fits the live server's front end on the first traced arm's "
                         "registrations against the client's sends (a per-question delay, then "
-                        "each branch in turn by its length), where they pin one down, else the "
-                        "client's branch spread; off: the spread; fitted or C_MS,A_MS,B_US: "
+                        "each branch in turn by its length, each branch's own spread) and its "
+                        "responses against the forwards' ends, where they pin one down, else "
+                        "the client's branch spread; off: the spread; fitted or numbers: "
                         "eval.replay --front-end's")
     p.add_argument("--fork-arm", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the SGLang frontend fork program against a stock and a "

@@ -324,9 +324,10 @@ def replay(
     order, instead of together (the live client sends them at once, but each goes through
     HTTP and the tokenizer in turn); its latency still counts from its arrival.
     `front_end`: an eval.frontend.FrontEnd, when each branch reaches the scheduler after its
-    question's arrival (a per-question delay, then each branch in turn by its length); it is
-    measured from the client's send, so it includes the send spread: not with
-    `branch_spread_s`.
+    question's arrival (a per-question delay, then each branch in turn by its length), and
+    how long after its forward the client receives a completion (its `back_s`: latencies and
+    releases count from then); it is measured from the client's send, so it includes the send
+    spread: not with `branch_spread_s`.
     """
     import torch
 
@@ -382,6 +383,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     visible: dict[int, float] = {}  # a released question -> when the scheduler sees it
     qobj: dict[int, Question] = {}
     offsets = _branch_offsets(qobj, branch_spread_s, front_end)
+    back_s = front_end.back_s if front_end is not None else 0.0
 
     def launched(launch) -> None:
         rnd = launch.round
@@ -434,6 +436,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         br.lives.append((len(br.chunks), len(req.origin_input_ids) + len(req.output_ids)))
 
     def completed(rid: str, t: float) -> None:
+        t += back_s  # NOTE: the client's receipt, which releases its followers
         br = branches.get(rid)
         if br is None:
             raise ConservationError(f"unknown request {rid!r} completed")
@@ -545,7 +548,8 @@ def _branch_offsets(qobj: Mapping[int, Question], spread_s: float, front_end: An
     def offsets(qi: int) -> list[float]:
         if qi not in cache:
             lengths = [len(b.input_ids) for b in qobj[qi].branches]
-            cache[qi] = (front_end.offsets(lengths) if front_end is not None
+            cache[qi] = (front_end.offsets(lengths, qobj[qi].branches[0].rid)
+                         if front_end is not None
                          else [j * spread_s for j in range(len(lengths))])
         return cache[qi]
 

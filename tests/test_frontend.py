@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -16,13 +17,14 @@ from eval.ab_report import RunRecord
 from eval.frontend import FrontEnd
 
 MODEL = "qwen3.5-0.8b"
-C, A, B = 4.4e-3, 0.5e-3, 0.35e-6
+C, A, B, BACK = 4.4e-3, 0.5e-3, 0.35e-6, 0.011
 
 
 def _live(c: float, a: float, b: float, questions: int = 30, branches: int = 4,
-          seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(client records, trace events) of a live run whose front end is exactly (c, a, b): each
-    question's branches registered in turn, records in a shuffled order."""
+          seed: int = 0, noise: float = 0.0) -> tuple[list[dict], list[dict]]:
+    """(client records, trace events) of a live run whose front end is exactly (c, a, b) (each
+    branch + N(0, noise)) and whose responses reach the client BACK after their forward: each
+    question's branches registered in turn, then one forward; records in a shuffled order."""
     rng = random.Random(seed)
     records, events = [], []
     for qi in range(questions):
@@ -32,33 +34,47 @@ def _live(c: float, a: float, b: float, questions: int = 30, branches: int = 4,
             t += a + b * n
             rid = f"radixflow/seg/q{qi}/{j}"
             records.append({"segment": 0, "qid": f"q{qi}", "q_send_s": send,
-                            "send_s": send + 2e-4 * j, "input_len": n, "server_rid": rid})
-            events.append({"event": "selected", "rid": rid, "registered": t})
+                            "send_s": send + 2e-4 * j, "input_len": n, "server_rid": rid,
+                            "max_new_tokens": 1, "done_s": send + 0.5 + BACK})
+            events += [{"event": "selected", "rid": rid, "registered": t + rng.gauss(0, noise)},
+                       {"event": "admitted", "round": qi, "rid": rid}]
+        _forward_over(events, send + 0.1, send + 0.5, qi)
     rng.shuffle(records)
     return records, events
 
 
-def _forward_over(events: list[dict], t0: float, t1: float) -> None:
+def _forward_over(events: list[dict], t0: float, t1: float, number: int = -1) -> None:
     """A prefill round whose scan starts at t0 and whose forward ends at t1."""
-    events += [{"event": "round", "round": 7, "t_start": t0, "t_end": t0 + 1e-3},
-               {"event": "forward", "round": 7, "duration_s": t1 - t0 - 1e-3}]
+    events += [{"event": "round", "round": number, "t_start": t0, "t_end": t0 + 1e-3},
+               {"event": "forward", "round": number, "duration_s": t1 - t0 - 1e-3}]
 
 
 def test_the_fit_recovers_a_known_front_end():
     records, events = _live(C, A, B)
-    fe = frontend.fit(frontend.observations(records, events), "synthetic")
-    assert (fe.c_s, fe.a_s, fe.b_s) == pytest.approx((C, A, B), rel=1e-6)
+    fe = frontend.fit(frontend.observations(records, events), "synthetic",
+                      frontend.back_delays(records, events))
+    assert (fe.c_s, fe.a_s, fe.b_s, fe.back_s) == pytest.approx((C, A, B, BACK), rel=1e-6)
     assert fe.questions == 30 and fe.resid_s == pytest.approx(0.0, abs=1e-9)
+    assert fe.jitter_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_fit_reads_a_branchs_own_spread_about_its_question():
+    """Each branch registered N(0, 0.3 ms) off the model: the pooled sd about each question's
+    mean recovers 0.3 ms (a whole question's shift would not count)."""
+    records, events = _live(C, 2e-3, B, questions=400, noise=0.3e-3)
+    fe = frontend.fit(frontend.observations(records, events), "noisy")
+    assert fe.jitter_s == pytest.approx(0.3e-3, rel=0.08)
+    assert (fe.c_s, fe.a_s, fe.b_s) == pytest.approx((C, 2e-3, B), rel=0.1)
 
 
 def test_the_fit_leaves_out_a_question_a_forward_delayed():
     records, events = _live(C, A, B)
     for e in events:  # NOTE: question 0 (sent at 1.0) registered only after a 50 ms forward
-        if "/q0/" in e["rid"]:
+        if e["event"] == "selected" and "/q0/" in e["rid"]:
             e["registered"] += 0.05
     skewed = frontend.fit(frontend.observations(records, events), "skewed")
     assert skewed.c_s > C + 1e-3  # NOTE: what the filter must prevent
-    _forward_over(events, 1.0005, 1.05)
+    _forward_over(events, 1.0005, 1.05, 99)
     obs = frontend.observations(records, events)
     fe = frontend.fit(obs, "filtered")
     assert len(obs) == 29 and (fe.c_s, fe.a_s, fe.b_s) == pytest.approx((C, A, B), rel=1e-6)
@@ -75,9 +91,14 @@ def test_single_branch_questions_fold_a_into_c_and_too_few_fit_nothing():
 def test_offsets_parse_and_describe():
     fe = frontend.parse("4,0.5,0.25")
     assert fe.offsets([1000, 2000]) == pytest.approx([4.75e-3, 5.75e-3])
+    noisy = frontend.parse("4,0.5,0.25,1,10")
+    assert (noisy.jitter_s, noisy.back_s) == pytest.approx((1e-3, 1e-2))
+    drawn = noisy.offsets([1000, 2000], "q0/A")
+    assert drawn == noisy.offsets([1000, 2000], "q0/A") != noisy.offsets([1000, 2000], "q1/A")
+    assert drawn != pytest.approx([4.75e-3, 5.75e-3], abs=1e-6)
     assert frontend.parse("off") is None and frontend.parse("fitted") is frontend.FITTED
     assert "4.00 ms a question" in fe.describe() and "0.250 us/token" in fe.describe()
-    for bad in ("4,0.5", "x,1,1", "4,-1,0", "4,nan,0"):
+    for bad in ("4,0.5", "x,1,1", "4,-1,0", "4,nan,0", "1,1,1,1,1,1"):
         with pytest.raises(ValueError):
             frontend.parse(bad)
     assert frontend.twin_choice("live") == "live"
@@ -106,6 +127,10 @@ def test_the_twins_branches_reach_its_scheduler_when_the_front_end_says():
     assert res.questions[0].latency_s > offsets[-1]
     both = run_arm(segs, MODEL, "stock", front_end=fe, branch_spread_s=1e-3)
     assert not both.ok and "branch_spread_s 0" in both.error
+    back = run_arm(segs, MODEL, "stock", cost=profile_cost("box", MODEL),
+                   front_end=replace(fe, back_s=0.007))
+    assert [q.latency_s for q in back.questions] == pytest.approx(
+        [q.latency_s + 0.007 for q in res.questions], abs=1e-9)  # NOTE: the same schedule
 
 
 def test_replay_takes_the_front_end_and_its_report_states_it(tmp_path, capsys):
