@@ -234,6 +234,10 @@ def _twin_note(config: Mapping[str, Any], arms: Mapping[str, LiveArm]) -> str:
         return " (not run: --no-twin)"
     layouts = sorted({t["layout"] for t in twins})
     note = f" ({twins[0]['cost_model']} cost model, free scans, layout {', '.join(layouts)}"
+    if twins[0].get("front_end"):
+        note += f"; {twins[0]['front_end']}"
+    elif twins[0].get("branch_spread_ms"):
+        note += f"; a question's branches {twins[0]['branch_spread_ms']:.2f} ms apart"
     if config.get("n_param"):
         note += "; the live client sends SGLang's `n` and its warm request is the tokenizer "
         note += "manager's, inside the question's latency, where the twin counts the warm "

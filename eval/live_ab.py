@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=cli.positive(int), default=ab_report.BOOTSTRAP,
                    help="bootstrap resamples (default: %(default)s)")
     p.add_argument("--progress", action="store_true", help="the client's progress bars")
+    p.add_argument("--twin-front-end", type=run_arms.twin_front_end_choice, default="live",
+                   metavar="live|off|fitted|C_MS,A_MS,B_US[,JITTER_MS[,BACK_MS]]",
+                   help="the twins' front end for client workloads (eval.run_arms "
+                        "--twin-front-end; live, the default, fits it on each workload's first "
+                        "radixflow run)")
     p.add_argument("--lpm", action=argparse.BooleanOptionalAction, default=True,
                    help=f"a {LPM} arm (SGLang's scheduler with --schedule-policy lpm) beside "
                         "stock and radixflow in every workload but fork (default on)")
@@ -472,17 +477,19 @@ def calibrated_cost(trace: Path, overlap: bool, default):
 
 
 def twin_pair(segments, args: argparse.Namespace, cost, layout: str,
-              host=None, lag: float = 0.0, spread: float = 0.0) -> dict[str, Any]:
+              host=None, lag: float = 0.0, spread: float = 0.0,
+              front_end=None) -> dict[str, Any]:
     """The twin's stock and radixflow (and, --lpm, stock-lpm) on the same requests, their
-    ratios to stock (`host`: scans charged, eval/hostcost.py; `lag`, `spread`: the live
-    arrivals' release lag and branch spread, eval/twin.py `replay`)."""
+    ratios to stock (`host`: scans charged, eval/hostcost.py; `lag`, `spread`, `front_end`:
+    the live arrivals' release lag, branch spread and front end, eval/twin.py `replay`)."""
     arms = (*ARMS, LPM) if getattr(args, "lpm", False) else ARMS
     preds = {a: run_arms.twin_prediction(run_arms.ArmSpec.of(a), segments, args.model,
                                          args.overlap, args.seed, cost, layout, host, lag,
-                                         spread)
+                                         spread, front_end)
              for a in arms}
     out = {"ratios": ab_report.twin_ratios(preds[ARMS[0]], preds[ARMS[1]]),
-           "arms": preds, "layout": layout, "cost_model": cost.as_dict()}
+           "arms": preds, "layout": layout, "cost_model": cost.as_dict(),
+           "front_end": None if front_end is None else front_end.as_dict()}
     if LPM in preds:
         out["ratios_lpm"] = ab_report.twin_ratios(preds[ARMS[0]], preds[LPM])
     return out
@@ -545,6 +552,24 @@ def client_release_lag(w: Workload, ref: RunRecord | None, segs) -> tuple[float,
                  "registered them")
 
 
+def client_arrivals(w: Workload, ref: RunRecord | None, args: argparse.Namespace
+                    ) -> tuple[float, Any, str]:
+    """(branch spread s, front end, note) for the twin of a client workload: the front end
+    --twin-front-end names (`live`: fitted on the live radixflow run's registrations against
+    its client's sends, eval/frontend.py), else the client's measured branch spread; none for
+    bench_serving workloads (their twin replays arrivals its own way, as the lag)."""
+    from eval.frontend import for_twin
+
+    if ref is None or w.bench is not None:
+        return 0.0, None, ""
+    fe = for_twin(getattr(args, "twin_front_end", "live"), Path(ref.dir))
+    if fe is not None:  # NOTE: measured from the send, it holds the client's spread
+        return 0.0, fe, f"; {fe.describe()}"
+    spread = run_arms.branch_spread(Path(ref.dir) / "requests.jsonl") or 0.0
+    return spread, None, (f"; a question's branches {spread * 1e3:.2f} ms apart, as the live "
+                          "client sent them" if spread else "")
+
+
 def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespace,
                   gpu: bool) -> dict[str, Any]:
     """{"default": ..., "scans": ..., "calibrated": ..., "replay": ...}: the twin's ratios
@@ -565,22 +590,21 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
         # NOTE: a registration waits for the scan after the running forward: at a long-round
         # profile (paper) the rounds, not the sender, space them; later profiles take this one
         w.release_lag_s = lag or None
-    # NOTE: bench_serving workloads: their twin replays arrivals its own way (as the lag)
-    spread = (run_arms.branch_spread(Path(ref.dir) / "requests.jsonl")
-              if ref is not None and w.bench is None else None) or 0.0
-    if spread:
-        lag_note += (f"; a question's branches {spread * 1e3:.2f} ms apart, as the live client "
-                     "sent them")
-    out = {"default": twin_pair(segs, args, default, layout, lag=lag, spread=spread)}
+    spread, fe, arrival_note = client_arrivals(w, ref, args)
+    lag_note += arrival_note
+    out = {"default": twin_pair(segs, args, default, layout, lag=lag, spread=spread,
+                                front_end=fe)}
     out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}{lag_note}"
-    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"), lag, spread)
+    out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"), lag, spread,
+                             fe)
     out["scans"]["note"] = (f"{default.source} cost model, each scan charged its CPU time "
                             f"measured on this host (eval/hostcost.py `measured`), layout "
                             f"{layout}{lag_note}")
     cost, note = ((None, "no radixflow run succeeded") if ref is None
                   else calibrated_cost(Path(ref.dir) / "trace.jsonl", args.overlap, default))
     out["calibrated"] = ({"note": note} if cost is None
-                         else twin_pair(segs, args, cost, layout, lag=lag, spread=spread)
+                         else twin_pair(segs, args, cost, layout, lag=lag, spread=spread,
+                                        front_end=fe)
                          | {"note": note})
     if w.bench is not None:
         out["replay"] = live_twin(w, runs, segs, args, default, layout)
@@ -604,6 +628,7 @@ def config(args: argparse.Namespace, gpu: bool, common: list[str]) -> dict[str, 
             "cpus": ab_report.host_load().cpus, "paced_rate": args.paced_rate,
             "command": shlex.join(["python", "-m", "eval.live_ab", *args.argv]),
             "lpm": args.lpm, "profile": getattr(args, "sim_profile", None),
+            "twin_front_end": args.twin_front_end,
             **({} if gpu else {"sim_cost": run_arms.sim_cost(args.model, args.sim_profile)})}
 
 

@@ -127,6 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "branch order, as a live client's concurrent sends pass HTTP and the "
                         "tokenizer in turn (eval.live_ab measures it); latency still counts "
                         "from the question's arrival (default 0: together)")
+    p.add_argument("--front-end", default="off",
+                   metavar="off|fitted|C_MS,A_MS,B_US[,JITTER_MS[,BACK_MS]]",
+                   help="the live server's front end (eval/frontend.py): branch j of a question "
+                        "reaches the scheduler C ms + the sum over branches k <= j of (A ms + "
+                        "B us x tokens_k) after the question's arrival (HTTP and the tokenizer "
+                        "take them in turn), each drawn with sd JITTER ms about that (seeded by "
+                        "its rid), and the client receives a completion BACK ms after its "
+                        "forward; `fitted`: the fit on the live paper mix runs "
+                        "(eval/frontend.py FITTED). Measured from the client's send, it includes "
+                        "the send spread: not with --branch-spread-ms (default off)")
     p.add_argument("--alpha-ms", type=cli.non_negative(float, "a number"), default=None,
                    help="cost model: fixed ms per round (default: eval/costmodel.py's)")
     p.add_argument("--beta-us", type=cli.non_negative(float, "a number"), default=None,
@@ -278,6 +288,21 @@ def check_workload_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -
     return given
 
 
+def front_end_arg(p: argparse.ArgumentParser, args: argparse.Namespace):
+    """--front-end as an eval.frontend.FrontEnd (None: off); an error beside a spread."""
+    from eval import frontend
+
+    try:
+        fe = frontend.parse(args.front_end)
+    except ValueError as e:
+        p.error(f"--front-end: {e}")
+    if fe is not None and args.branch_spread_ms:
+        p.error("--front-end includes the client's send spread: leave out --branch-spread-ms")
+    if fe is not None:
+        print(f"twin {fe.describe()}", file=sys.stderr)
+    return fe
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -288,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.twin import run_arm
     from eval.workload import workload
 
+    front_end = front_end_arg(parser, args)
     out = Path(args.out or f"out/{args.workload}-{args.model}")
     config = {
         "workload": args.workload, "model": args.model, "policies": args.policies,
@@ -296,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
         "executor": args.executor, "undeclared": args.undeclared, "profile": args.profile,
         "release_lag_ms": args.release_lag_ms, "branch_spread_ms": args.branch_spread_ms,
+        "front_end": None if front_end is None else front_end.describe(),
     }
     if args.workload in TRAFFIC_WORKLOADS:
         from eval.traffic import describe
@@ -346,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                       seed=args.seed, progress=progress, cost=cost, host=host,
                       radixflow_config=trace_config(args.trace, base), executor=args.executor,
                       kit_overrides=kit, release_lag_s=args.release_lag_ms / 1e3,
-                      branch_spread_s=args.branch_spread_ms / 1e3)
+                      branch_spread_s=args.branch_spread_ms / 1e3, front_end=front_end)
         arms[policy] = res
         if res.ok:
             m = res.metrics

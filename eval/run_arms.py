@@ -156,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "the deterministic `model`, calibrated on this kind of CPU box, where "
                         "the live host is known (the simulated executor) and free scans "
                         "(none) on a GPU box, whose host it was not calibrated on")
+    p.add_argument("--twin-front-end", type=twin_front_end_choice, default="live",
+                   metavar="live|off|fitted|C_MS,A_MS,B_US[,JITTER_MS[,BACK_MS]]",
+                   help="when the twin's branches reach its scheduler (eval/frontend.py): live "
+                        "(default) fits the live server's front end on the first traced arm's "
+                        "registrations against the client's sends (a per-question delay, then "
+                        "each branch in turn by its length, each branch's own spread) and its "
+                        "responses against the forwards' ends, where they pin one down, else "
+                        "the client's branch spread; off: the spread; fitted or numbers: "
+                        "eval.replay --front-end's")
     p.add_argument("--fork-arm", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the SGLang frontend fork program against a stock and a "
                         "radixflow server (arms stock-fork, radixflow-fork; default: on for "
@@ -664,9 +673,15 @@ def branch_spread(requests: Path) -> float | None:
     return statistics.median(spans) if spans else None
 
 
+def twin_front_end_choice(text: str) -> str:
+    from eval.frontend import twin_choice
+
+    return twin_choice(text)
+
+
 def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: int, cost,
                     layout: str, host=None, release_lag_s: float = 0.0,
-                    branch_spread_s: float = 0.0) -> dict[str, Any]:
+                    branch_spread_s: float = 0.0, front_end=None) -> dict[str, Any]:
     """The twin's figures (TWIN_KEYS) for one arm: the same workload, policy and boundary mode
     in virtual time, free scans (`host`: an eval.hostcost.HostCost charges them, eval/twin.py
     `run_arm`); a failure is recorded with its error, never filled in."""
@@ -678,10 +693,12 @@ def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: in
     out: dict[str, Any] = {"layout": layout, "cost_model": cost.source,
                            "host": None if host is None else host.source,
                            "release_lag_ms": release_lag_s * 1e3,
-                           "branch_spread_ms": branch_spread_s * 1e3}
+                           "branch_spread_ms": branch_spread_s * 1e3,
+                           "front_end": None if front_end is None else front_end.describe()}
     res = run_arm(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
                   seed=seed, host=host, radixflow_config=rf, kit_overrides=spec.kit_overrides,
-                  release_lag_s=release_lag_s, branch_spread_s=branch_spread_s)
+                  release_lag_s=release_lag_s, branch_spread_s=branch_spread_s,
+                  front_end=front_end)
     if res.error is not None:
         return out | {"failed": True, "error": res.error[:2000], "wall_s": res.wall_s}
     return out | {k: res.metrics.get(k) for k in TWIN_KEYS} | {"wall_s": res.wall_s}
@@ -701,13 +718,16 @@ def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
     spread = next((b for spec in specs if not spec.fork and arms.get(spec.name) is not None
                    and (b := branch_spread(args.out / f"arm-{spec.name}" / "requests.jsonl"))
                    is not None), None)
+    front_end = twin_front_end(args, arms, specs)
+    if front_end is not None:
+        spread = None  # NOTE: the front end is measured from the send: it holds the spread
     for spec in specs:
         if spec.fork:
             continue  # NOTE: re-tokenized text: the twin's ids are not what the server saw
         layout = server_layout(args.out / f"arm-{spec.name}")
         arms[spec.name].twin = twin_prediction(spec, segments, args.model, args.overlap,
                                                args.seed, cost, layout, host, lag or 0.0,
-                                               spread or 0.0)
+                                               spread or 0.0, front_end)
         t = arms[spec.name].twin
         print(f"[{spec.name} twin] " + (f"FAILED: {t['error']}" if t.get("failed") else
                                         f"sched={t['scheduled_tokens']} rounds={t['rounds']} "
@@ -715,7 +735,27 @@ def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
               file=sys.stderr)
     return {"cost": cost.as_dict(), "host_cost": None if host is None else host.as_dict(),
             "release_lag_ms": None if lag is None else lag * 1e3,
-            "branch_spread_ms": None if spread is None else spread * 1e3}
+            "branch_spread_ms": None if spread is None else spread * 1e3,
+            "front_end": None if front_end is None else front_end.as_dict()}
+
+
+def twin_front_end(args: argparse.Namespace, arms: Mapping[str, LiveArm],
+                   specs: Sequence[ArmSpec]):
+    """--twin-front-end as an eval.frontend.FrontEnd (None: the branch spread), `live` fitted
+    on the first traced ids arm that ran, as the release lag is."""
+    from eval.frontend import for_twin
+
+    return for_twin(getattr(args, "twin_front_end", "live"), traced_arm(arms, specs, args.out))
+
+
+def traced_arm(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], out: Path
+               ) -> Path | None:
+    """The directory of the first traced ids arm that ran (None: none did)."""
+    for spec in specs:
+        arm = arms.get(spec.name)
+        if spec.traced and not spec.fork and arm is not None and arm.ok:
+            return out / f"arm-{spec.name}"
+    return None
 
 
 def live_release_lag(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
@@ -724,12 +764,11 @@ def live_release_lag(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segm
     server's HTTP and tokenizer, not the policy, space the releases)."""
     from eval import client
 
-    for spec in specs:
-        arm = arms.get(spec.name)
-        if spec.traced and not spec.fork and arm is not None and arm.ok:
-            trace = client.load_trace(out / f"arm-{spec.name}" / "trace.jsonl")
-            return release_lag(trace, segments, f"{spec.name}/")  # NOTE: make_sender's rids
-    return None
+    arm_dir = traced_arm(arms, specs, out)
+    if arm_dir is None:
+        return None
+    prefix = arm_dir.name.removeprefix("arm-") + "/"  # NOTE: make_sender's rids
+    return release_lag(client.load_trace(arm_dir / "trace.jsonl"), segments, prefix)
 
 
 # --------------------------------------------------------------------------------------------
@@ -772,6 +811,7 @@ def make_config(args: argparse.Namespace, gpu: bool, common: list[str],
     if not gpu:
         cfg["sim_cost"] = sim_cost(args.model, getattr(args, "sim_profile", None))
     cfg["twin_host"] = getattr(args, "twin_host", "auto")
+    cfg["twin_front_end"] = getattr(args, "twin_front_end", "live")
     return cfg
 
 

@@ -84,7 +84,7 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,6 +302,7 @@ def replay(
     executor: str = "witness",
     release_lag_s: float = 0.0,
     branch_spread_s: float = 0.0,
+    front_end: Any = None,
 ) -> ArmResult:
     """Replay segments in sequence through a fresh Kit in virtual time; raise on any violation.
 
@@ -322,8 +323,16 @@ def replay(
     `branch_spread_s`: a question's branches reach the scheduler this far apart, in branch
     order, instead of together (the live client sends them at once, but each goes through
     HTTP and the tokenizer in turn); its latency still counts from its arrival.
+    `front_end`: an eval.frontend.FrontEnd, when each branch reaches the scheduler after its
+    question's arrival (a per-question delay, then each branch in turn by its length), and
+    how long after its forward the client receives a completion (its `back_s`: latencies and
+    releases count from then); it is measured from the client's send, so it includes the send
+    spread: not with `branch_spread_s`.
     """
     import torch
+
+    if front_end is not None and branch_spread_s:
+        raise ValueError("front_end includes the client's send spread: give branch_spread_s 0")
 
     # NOTE: the kit's CPU tensors are small; torch's intra-op threads only contend (the pool's
     # free-list torch.cat ran 10x slower with 2 threads on a busy 2-core machine).
@@ -334,7 +343,8 @@ def replay(
                        cost=cost, seed=seed, progress=progress, kit_overrides=kit_overrides,
                        radixflow_config=radixflow_config, host=host, on_forward=on_forward,
                        gpu=gpu, ignore_eos=ignore_eos, executor=executor,
-                       release_lag_s=release_lag_s, branch_spread_s=branch_spread_s)
+                       release_lag_s=release_lag_s, branch_spread_s=branch_spread_s,
+                       front_end=front_end)
     finally:
         torch.set_num_threads(threads)
 
@@ -342,7 +352,7 @@ def replay(
 def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
             kit_overrides, radixflow_config, host=None, on_forward=None, gpu=None,
             ignore_eos=True, executor="witness", release_lag_s=0.0,
-            branch_spread_s=0.0) -> ArmResult:
+            branch_spread_s=0.0, front_end=None) -> ArmResult:
     from radixflow_sglang.testing.kit import Kit, KitConfig
     from radixflow_sglang.testing.loop import VirtualClock, VirtualLoop
 
@@ -372,6 +382,8 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
     followers: dict[int, list[int]] = {}  # question -> the questions released by its completion
     visible: dict[int, float] = {}  # a released question -> when the scheduler sees it
     qobj: dict[int, Question] = {}
+    offsets = _branch_offsets(qobj, branch_spread_s, front_end)
+    back_s = front_end.back_s if front_end is not None else 0.0
 
     def launched(launch) -> None:
         rnd = launch.round
@@ -424,6 +436,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
         br.lives.append((len(br.chunks), len(req.origin_input_ids) + len(req.output_ids)))
 
     def completed(rid: str, t: float) -> None:
+        t += back_s  # NOTE: the client's receipt, which releases its followers
         br = branches.get(rid)
         if br is None:
             raise ConservationError(f"unknown request {rid!r} completed")
@@ -449,15 +462,16 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
                     loop.arrive(item)
 
     def arrivals(qi: int) -> list[tuple[int, int | None]]:
-        """The loop's arrivals of question `qi`: (qi, None), the whole question, or
-        (`branch_spread_s`) (qi, j) for each of its branches."""
-        if not branch_spread_s:
+        """The loop's arrivals of question `qi`: (qi, None), the whole question, or (a
+        spread or a front end) (qi, j) for each of its branches."""
+        if offsets(qi) is None:
             return [(qi, None)]
         return [(qi, j) for j in range(len(qobj[qi].branches))]
 
     def at(item: tuple[int, int | None]) -> float:
         qi, j = item
-        return visible.get(qi, result.questions[qi].arrival_s) + (j or 0) * branch_spread_s
+        base = visible.get(qi, result.questions[qi].arrival_s)
+        return base if j is None else base + offsets(qi)[j]
 
     def submit(item: tuple[int, int | None]) -> None:
         qi, j = item
@@ -520,6 +534,26 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
                           **s["boundary_reasons"]}
     result.wall_s = time.perf_counter() - t_wall
     return result
+
+
+def _branch_offsets(qobj: Mapping[int, Question], spread_s: float, front_end: Any
+                    ) -> Callable[[int], list[float] | None]:
+    """Per question, each branch's delay after the question's arrival (branch order): j *
+    `spread_s`, or the front end's (eval/frontend.py; by the branches' lengths); None for
+    every question where neither is given (the branches arrive together)."""
+    if front_end is None and not spread_s:
+        return lambda qi: None
+    cache: dict[int, list[float]] = {}
+
+    def offsets(qi: int) -> list[float]:
+        if qi not in cache:
+            lengths = [len(b.input_ids) for b in qobj[qi].branches]
+            cache[qi] = (front_end.offsets(lengths, qobj[qi].branches[0].rid)
+                         if front_end is not None
+                         else [j * spread_s for j in range(len(lengths))])
+        return cache[qi]
+
+    return offsets
 
 
 def _questions(seg: Segment, result: ArmResult, branches: dict[str, _Branch],
@@ -768,7 +802,8 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
             progress: bool = False, host: Any = None,
             radixflow_config: Any = None, executor: str = "witness",
             kit_overrides: dict[str, Any] | None = None,
-            release_lag_s: float = 0.0, branch_spread_s: float = 0.0) -> ArmResult:
+            release_lag_s: float = 0.0, branch_spread_s: float = 0.0,
+            front_end: Any = None) -> ArmResult:
     """`replay`, where a failure is a failed arm: it carries its error and no numbers.
 
     `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
@@ -784,7 +819,7 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
                      seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host),
                      radixflow_config=radixflow_config, executor=executor,
                      kit_overrides=kit_overrides, release_lag_s=release_lag_s,
-                     branch_spread_s=branch_spread_s)
+                     branch_spread_s=branch_spread_s, front_end=front_end)
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)
