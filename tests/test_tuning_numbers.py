@@ -17,7 +17,8 @@ UPSTREAM = {"adapter/scan.py"}  # NOTE: SGLang's scan, copied: its numbers are u
 PLAIN = {0, 1, -1, 2}  # NOTE: 0.0 and 1.0 compare equal: not thresholds
 # NOTE: the tuning numbers the rules read, each in the module beside its rule
 TUNING = {
-    "core/admission.py": ("FOLLOWERS_WINDOW", "TIMING_PRIOR", "HOLD_MS", "ARRIVAL_WINDOW_S", "ARRIVAL_FLOOR_S"),
+    "core/admission.py": ("FOLLOWERS_WINDOW", "TIMING_PRIOR", "HOLD_MS", "ARRIVAL_WINDOW_S",
+                          "ARRIVAL_FLOOR_S"),
     "core/traversal.py": ("THETA_FLOOR", "PARK_MARGIN"),
     "core/points.py": ("FRAG_CAP",),
     "core/producers.py": ("CHAIN_KEEP", "COMPARE_STEP", "CHAIN_BLOCK", "VERIFY"),
