@@ -241,12 +241,15 @@ SCAN_HOOKS = [
           "them."),
     (134, "        if rf.park(self, req, adder):  # RADIXFLOW"),
     (135, "            continue  # RADIXFLOW: it keeps its queue position"),
-    (188, "        if rf.defer(self, req, adder):  # RADIXFLOW: would be cut into a chunk it must "
+    (136, "        if rf.defer_unmatched(self, req, adder):  # RADIXFLOW: DEFER's fast path, no "
+          "match"),
+    (137, "            continue  # RADIXFLOW"),
+    (190, "        if rf.defer(self, req, adder):  # RADIXFLOW: would be cut into a chunk it must "
           "not be"),
-    (189, "            continue  # RADIXFLOW"),
-    (204, "        rf.after_add(self, req, adder, res)  # RADIXFLOW: a selected request is a "
+    (191, "            continue  # RADIXFLOW"),
+    (206, "        rf.after_add(self, req, adder, res)  # RADIXFLOW: a selected request is a "
           "producer"),
-    (234, "    rf.end_scan(self, adder)  # RADIXFLOW: round counters"),
+    (236, "    rf.end_scan(self, adder)  # RADIXFLOW: round counters"),
 ]
 # RadixFlowScheduler's two entry points, as reviewed: the hold wraps upstream's
 # get_new_batch_prefill (its PrefillDelayer collective runs on every pass) and a held pass skips

@@ -18,7 +18,7 @@ from radixflow_sglang.core.reasons import Action, Reason
 from radixflow_sglang.core.traversal import Candidate, WaitFacts
 
 from . import slot
-from .reqs import chunk_cut, namespace, release_parked, req_tokens
+from .reqs import chunk_cut, namespace, release_parked, req_tokens, running
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -36,6 +36,10 @@ RECOMPUTES = frozenset({Reason.RECOMPUTE_UNPROBED, Reason.BOUND_WOULD_CUT,
                         Reason.TAIL_GUARD, Reason.RECOMPUTE_WINS})
 VERDICTS = frozenset({Reason.COMMITTED_WAIT, Reason.BOUND_WOULD_CUT,
                       Reason.TAIL_GUARD, Reason.WAIT_WINS, Reason.RECOMPUTE_WINS})
+# NOTE: VISIT's native outcomes for a request no live producer shares a prefix with: DEFER's
+# fast path (`DeferFacts.still_deferred`) may repeat its slot deferral without the match
+UNSHARED = frozenset({Reason.NO_TRAVERSAL, Reason.QUIET_SCAN, Reason.UNSHARED_SCAN,
+                      Reason.NO_PRODUCER, Reason.NO_SHARER})
 
 
 class VisitFacts:
@@ -158,6 +162,7 @@ class VisitFacts:
             rt.stats.held += 1  # NOTE: held by the timer while eligible work runs: not visited
             return
         rt.stats.visited += 1
+        rt.scan.unshared = rid if why in UNSHARED else None  # NOTE: DEFER reads it next
         if why is Reason.NO_PRODUCER:
             rt.quiet_visits += 1
         if why in (Reason.NO_PRODUCER, Reason.NO_SHARER):
@@ -201,13 +206,14 @@ class VisitFacts:
 
 
 class DeferFacts:
-    """core/points.py `DeferFacts` for `req`, after SGLang's match, in this scan of `rt`.
-    `newcomer` and `slot_wait` book their deferral when they hold (the rule that reads them
-    fires then)."""
+    """core/points.py `DeferFacts` for `req` in this scan of `rt`, after SGLang's match or
+    (`matched` False) before it. `newcomer`, `slot_wait` and `still_deferred` book their
+    deferral when they hold (the rule that reads them fires then)."""
 
     def __init__(self, rt: Any, sched: Scheduler, req: Req,
-                 adder: PrefillAdder) -> None:
+                 adder: PrefillAdder, matched: bool = True) -> None:
         self.rt, self.sched, self.req, self.adder = rt, sched, req, adder
+        self.matched = matched
 
     @property
     def newcomer(self) -> bool:
@@ -219,7 +225,28 @@ class DeferFacts:
 
     @property
     def slot_wait(self) -> bool:
-        return self.rt._boundary_defer(self.sched, self.req, self.adder)
+        """no_buffer: its boundary cut must wait for SGLang's one chunk slot (adapter/boundary.py
+        `BoundaryPublisher.defer`); the slot is free next round when no native chunk continues
+        past this one."""
+        return self._slot_deferrable() and self.rt.boundary.defer(
+            self.req, req_tokens(self.req), namespace(self.req), self.adder,
+            self.sched.chunked_req is None, running(self.sched))
+
+    @property
+    def still_deferred(self) -> bool:
+        """`slot_wait`'s verdict of a recent scan, again, without the match
+        (`BoundaryPublisher.still_deferred`: nothing it read has changed). NOTE: only for a
+        request VISIT found no live producer sharing a prefix with, and with a chunk cut
+        possible (`no_cut`'s conditions, the rule it is asked before)."""
+        if self.rt.scan.unshared != self.req.rid or not self.chunking:
+            return False
+        return self._slot_deferrable() and self.rt.boundary.still_deferred(
+            self.req, req_tokens(self.req), namespace(self.req), self.adder,
+            self.sched.chunked_req is None, running(self.sched))
+
+    def _slot_deferrable(self) -> bool:
+        """A boundary publisher that can defer `req` (a session's state is its session's)."""
+        return self.rt.boundary.active and getattr(self.req, "session", None) is None
 
     @cached_property
     def cut(self) -> int | None:

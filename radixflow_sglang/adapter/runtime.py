@@ -22,7 +22,7 @@ from radixflow_sglang.core.grid import Grid, Layout
 from radixflow_sglang.core.outcome import Blocking
 from radixflow_sglang.core.points import defer, visit
 from radixflow_sglang.core.producers import Producer
-from radixflow_sglang.core.reasons import Action, Reason, enabled
+from radixflow_sglang.core.reasons import Action, Reason
 from radixflow_sglang.core.stats import RoundStats, Totals
 from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfig
 
@@ -41,7 +41,6 @@ from .reqs import (
     namespace,
     release_parked,
     req_tokens,
-    running,
 )
 from .roundcost import RoundCost
 from .scanstate import Scan
@@ -64,11 +63,6 @@ def cache_grid(sched: Scheduler) -> Grid:
     layout = Layout.EXTRA_BUFFER if cache.enable_mamba_extra_buffer else Layout.NO_BUFFER
     # NOTE: lcm(mamba_cache_chunk_size, tree page), as _mamba_radix_cache_v2_req_prepare_for_extend
     return Grid(layout, mamba_checkpoint_grid(cache.page_size), cache.page_size)
-
-
-# NOTE: VISIT reasons for a request no live producer shares a prefix with (`_still_deferred`)
-UNSHARED = frozenset({Reason.NO_TRAVERSAL, Reason.QUIET_SCAN, Reason.UNSHARED_SCAN,
-                      Reason.NO_PRODUCER, Reason.NO_SHARER})
 
 
 def no_buffer_fork_possible(sched: Scheduler, adder: PrefillAdder, layout: Layout) -> bool:
@@ -272,23 +266,7 @@ class RadixFlowRuntime:
             self.trace.emit({"event": "parked", "round": self.round, "rid": req.rid,
                              "producer": b.producer, "depth": b.depth, "ready": b.ready,
                              "fork": b.fork, "reason": why})
-        if action is Action.NATIVE and why in UNSHARED and self._still_deferred(sched, req, adder):
-            # NOTE: the DEFER point decides before SGLang's match, as it did last scan
-            self._decided("defer", req.rid, Action.DEFER, Reason.BOUNDARY_SLOT)
-            release_parked(sched, req)
-            return True
         return action is not Action.NATIVE
-
-    def _still_deferred(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
-        """no_buffer: `req` waited for the chunk slot last scan and nothing it could reuse
-        changed since (adapter/boundary.py `BoundaryPublisher.still_deferred`): defer it without
-        the match and the DEFER rules before it (`no_cut`'s conditions checked here)."""
-        if (not enabled(Reason.BOUNDARY_SLOT) or not self.boundary.active
-                or adder.rem_chunk_tokens is None or not adder.can_run_list
-                or getattr(req, "session", None) is not None):
-            return False
-        return self.boundary.still_deferred(req, req_tokens(req), namespace(req), adder,
-                                            sched.chunked_req is None, running(sched))
 
     def _visit(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
         """The VISIT rules (core/points.py `visit`) over `req`'s facts, applied."""
@@ -395,21 +373,31 @@ class RadixFlowRuntime:
         (0 < cut < G; capped per request). Fit and cut are SGLang's, on pages (a cut of 0 is
         native's OTHER, not a fragment). First, the cost-aware rule's newcomer deferral
         (`_newcomer_defers`). Counted and traced by reason."""
-        action, why = self._defer(sched, req, adder)
-        self._decided("defer", req.rid, action, why)
-        if action is Action.DEFER:
-            release_parked(sched, req)
-        return action is Action.DEFER
+        return self._defer(sched, req, adder, matched=True)
 
-    def _defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
-        """The DEFER rules (core/points.py `defer`) over `req`'s facts; a fragment's deferral
-        is counted toward its cap."""
-        action, why = defer(DeferFacts(self, sched, req, adder))
+    def defer_unmatched(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
+        """The DEFER point before SGLang's match, right after VISIT handed `req` to SGLang: only
+        `boundary_slot`'s fast path decides there (core/points.py `defer`); False: SGLang
+        matches it and `defer` asks again. NOTE: it spares a request still waiting for the
+        chunk slot its match and copy-on-write (a live burst: ~50 such visits a round)."""
+        return self._defer(sched, req, adder, matched=False)
+
+    def _defer(self, sched: Scheduler, req: Req, adder: PrefillAdder, matched: bool) -> bool:
+        """The DEFER rules (core/points.py `defer`) over `req`'s facts, applied: counted and
+        traced by reason; a deferral frees what the match staged; a fragment's deferral is
+        counted toward its cap."""
+        decided = defer(DeferFacts(self, sched, req, adder, matched))
+        if decided is None:
+            return False  # NOTE: before the match, no rule decided: SGLang matches it
+        action, why = decided
         if why is Reason.FRAGMENT:
             fd = self.records.frag_deferred
             fd[req.rid] = fd.get(req.rid, 0) + 1
             self.stats.frag_deferred += 1
-        return action, why
+        self._decided("defer", req.rid, action, why)
+        if action is Action.DEFER:
+            release_parked(sched, req)
+        return action is Action.DEFER
 
     def _newcomer_defers(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
         """The cost-aware rule's newcomer deferral (adapter/scanstate.py
@@ -435,15 +423,6 @@ class RadixFlowRuntime:
             self.scan.fork_chunk = req  # NOTE: it holds SGLang's one chunk slot (see defer)
             if self.scan.walk is not None:
                 self.scan.walk.fork_slots = 0
-
-    def _boundary_defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:
-        """no_buffer: skip a request whose boundary cut must wait for SGLang's one chunk slot
-        (adapter/boundary.py `BoundaryPublisher.defer`); the slot is free next round when no
-        native chunk continues past this one."""
-        if not self.boundary.active or getattr(req, "session", None) is not None:
-            return False
-        return self.boundary.defer(req, req_tokens(req), namespace(req), adder,
-                                   sched.chunked_req is None, running(sched))
 
     def _producer(self, req: Req, movable: bool) -> Producer:
         prefix, end = req.prefix_len, req.extend_end

@@ -158,6 +158,8 @@ def get_new_batch_prefill_raw(
         # RADIXFLOW: Blocked requests park here, before LoRA, preemption or budget see them.
         if rf.park(self, req, adder):  # RADIXFLOW
             continue  # RADIXFLOW: it keeps its queue position
+        if rf.defer_unmatched(self, req, adder):  # RADIXFLOW: DEFER's fast path, no match
+            continue  # RADIXFLOW
         if self.enable_lora and not self.can_schedule_lora_req(req, running_loras):
             continue
 

@@ -68,6 +68,9 @@ class Scan:
     # (namespace, first theta tokens) of newcomers deferred this scan: their siblings follow
     deferred_heads: list[tuple[tuple, object]] = field(default_factory=list)
     independent: str | None = None  # the last visit no live producer could block
+    # the last visit VISIT found no live producer sharing a prefix with (facts.py `UNSHARED`):
+    # DEFER's fast path before SGLang's match reads it
+    unshared: str | None = None
     fork_chunk: Req | None = None  # no_buffer producer cut this scan: SGLang's one chunk slot
     # (sched.chunked_req, adder) as the scan began, until `chunk_continued` reads it
     chunk: tuple[Req | None, PrefillAdder | None] = (None, None)

@@ -1,13 +1,15 @@
-"""VISIT and its wait rule: one ordered function per decision point (the shape of
+"""VISIT (with its wait rule) and DEFER: one ordered function per decision point (the shape of
 core/admission.py `Gate.decide`).
 
 Facts in, rules top to bottom, the first that fires decides: `(Action, Reason)` out. The facts
 are the caller's, each asked only when a rule reaches it, so a cheap rule that fires spares
 the expensive facts behind it (the adapter's `VisitFacts` probes SGLang's cache for `blocked`
-only; core/traversal.py `WaitFacts` prices a sibling group's wait for `verdict` only). The
-rulebook's VISIT rows are these rules in this order (tests/test_reasons.py reads them off the
-source). An ablated rule (core/reasons.py `enabled` False) lets the next decide; a guard (the
-rule that keeps a later one from reading a fact it cannot have) is not ablated.
+only; core/traversal.py `WaitFacts` prices a sibling group's wait for `verdict` only). A fast
+path is its rule's, asked in the rule's function, at the hook where it is cheapest (DEFER's
+`still_deferred`: at the scan's hook before SGLang's match). The rulebook's VISIT and DEFER
+rows are these rules in this order (tests/test_reasons.py reads them off the source). An
+ablated rule (core/reasons.py `enabled` False) lets the next decide; a guard (the rule that
+keeps a later one from reading a fact it cannot have) is not ablated.
 """
 
 from __future__ import annotations
@@ -90,11 +92,15 @@ def wait(f: WaitFacts) -> tuple[Action, Reason]:
 
 
 class DeferFacts(Protocol):
-    """A request native admission is about to take, after SGLang's match (adapter/facts.py
-    `DeferFacts`)."""
+    """A request native admission is about to take, after SGLang's match, or before it where
+    VISIT handed it to SGLang (adapter/facts.py `DeferFacts`)."""
 
+    matched: bool  # SGLang has matched it (False: the scan's hook before the match)
     newcomer: bool  # cost-aware: joining a released consumer's round costs more than a round
     slot_wait: bool  # no_buffer: its boundary cut must wait for SGLang's one chunk slot
+    # no_buffer, before the match: its slot deferral of a recent scan holds again (nothing it
+    # read changed since), for a request VISIT found no live producer sharing a prefix with
+    still_deferred: bool
     chunking: bool  # a chunk budget, and rows taken before it (else nothing can be cut)
     fits: bool  # it fits the residual chunk budget whole (SGLang's `add_one_req` would not cut)
     fork_chunk: bool  # a fork-cut producer holds SGLang's one chunk slot this scan
@@ -108,15 +114,22 @@ class DeferFacts(Protocol):
 FRAG_CAP = 2
 
 
-def defer(f: DeferFacts) -> tuple[Action, Reason]:
+def defer(f: DeferFacts) -> tuple[Action, Reason] | None:
     """DEFER: skip this round a request admitting would cut into a chunk it must not be, before
-    it consumes anything; else native admission (whole, or cut as SGLang cuts)."""
-    if enabled(Reason.NEWCOMER) and f.newcomer:
+    it consumes anything; else native admission (whole, or cut as SGLang cuts). Asked before
+    SGLang's match too (`matched` False), where only `boundary_slot`'s fast path can decide:
+    None there sends the request on to the match, after which DEFER is asked again."""
+    # NOTE: the newcomer's work is priced from its matched prefix: after the match only
+    if f.matched and enabled(Reason.NEWCOMER) and f.newcomer:
         return Action.DEFER, Reason.NEWCOMER
     # NOTE: a slot wait needs a chunk cut this round already (`adder.new_chunked_req`): with
-    # no chunk budget (or no row taken) it cannot hold, so it is asked before `no_cut`
-    if enabled(Reason.BOUNDARY_SLOT) and f.slot_wait:
+    # no chunk budget (or no row taken) it cannot hold, so it is asked before `no_cut`. Its
+    # fast path, before the match: a recent scan's verdict, again, while nothing it read has
+    # changed (no match and copy-on-write for a burst's requests waiting for the slot)
+    if enabled(Reason.BOUNDARY_SLOT) and (f.slot_wait if f.matched else f.still_deferred):
         return Action.DEFER, Reason.BOUNDARY_SLOT
+    if not f.matched:
+        return None  # NOTE: every rule below reads the match
     # NOTE: the guard `no_cut`: no chunk budget, no cut to ask about; its case `fits`: the
     # request is not cut (the rules below read its cut)
     if not f.chunking:

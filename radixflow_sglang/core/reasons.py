@@ -11,8 +11,9 @@ rules in the same order with the same names):
 3. VISIT (per visited request, core/points.py `visit`, asked by the runtime's `park` hook
    before LoRA, preemption or budget see it): held, parked (Blocked and waiting), or native
    handling.
-4. DEFER (per request native admission is about to take, core/points.py `defer`): skip
-   this round, or admit natively.
+4. DEFER (per request native admission is about to take, core/points.py `defer`, asked by
+   the runtime's `defer` hook after SGLang's match, and by `defer_unmatched` right after
+   VISIT for the one fast path that needs no match): skip this round, or admit natively.
 5. PLACE (per selected request, core/boundary.py `place_rule`, from adapter/boundary.py
    `BoundaryPublisher.admitted`): the boundary it publishes its state at, if any.
 6. PUBLISH (per placed boundary, `publish_rule`): move the state, cut the extend, or leave
@@ -218,7 +219,9 @@ RULEBOOK: tuple[Rule, ...] = (
          "cost-aware: joining a released consumer's round costs more than a round (once)",
          kept="off: mean 1.120x (4b mix α8 extra_buffer, seed 2)"),
     Rule(DEFER, Reason.BOUNDARY_SLOT, Action.DEFER,
-         "no_buffer: its boundary cut must wait for SGLang's one chunk slot",
+         "no_buffer: its boundary cut must wait for SGLang's one chunk slot; fast path, asked "
+         "before SGLang's match (the scan's hook after VISIT): a recent scan's verdict, "
+         "re-priced, while no state was published on its path since",
          kept="off: mean 1.306x (4b gsp no_buffer)"),
     Rule(DEFER, Reason.NO_CUT, Action.ADMIT,
          "admission cuts no chunk: no chunk budget, or the round's first request; or it fits "
