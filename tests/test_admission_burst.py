@@ -63,18 +63,18 @@ def held_head(f: Followers, key, t: float, follows: list[float], after: list[flo
 def test_followers_count_what_came_during_the_heads_forward():
     f = learned([3, 3, 3, 0])
     f.arrived("q", ("ns", "q"), 10.0)
-    e = f.expect(("ns", "q"), 10.0, 0.005)
+    e = f.expect(("ns", "q"), 10.0, 0.005, 0.005)
     # NOTE: 3 of 4 heads had followers; never held, none says when: on time
     assert e.more == 0.75 and e.joined == 2.25 and e.late == 0.0
-    assert f.expect(("ns", "none"), 10.0, 0.005) == Expected()
+    assert f.expect(("ns", "none"), 10.0, 0.005, 0.005) == Expected()
     for j in range(3):
         f.arrived(f"q.{j}", ("ns", "q"), 10.001 * (j + 1))
-    assert f.expect(("ns", "q"), 10.003, 0.002).more == 0.0  # NOTE: none with 3 had more
+    assert f.expect(("ns", "q"), 10.003, 0.002, 0.005).more == 0.0  # NOTE: none with 3 had more
     assert f.open() == 1
     # NOTE: selected, its window waits for the next pass but holds no request: an idle
     # server whose last round took it keeps no record of it (the kit's stale-record check)
     f.selected("q")
-    assert f.open() == 0 and f.expect(("ns", "q"), 10.003, 0.002) == Expected()
+    assert f.open() == 0 and f.expect(("ns", "q"), 10.003, 0.002, 0.005) == Expected()
 
 
 def test_a_burst_that_came_together_closes_in_its_own_pass():
@@ -88,7 +88,7 @@ def test_a_burst_that_came_together_closes_in_its_own_pass():
     assert f.open() == 0
     f.arrived("E", ("ns", "doc"), 0.1)
     assert f.open() == 1
-    assert f.expect(("ns", "doc"), 0.1, 0.005).more == 0.0
+    assert f.expect(("ns", "doc"), 0.1, 0.005, 0.005).more == 0.0
 
 
 def test_held_heads_teach_when_followers_come():
@@ -99,11 +99,11 @@ def test_held_heads_teach_when_followers_come():
     for i in range(8):
         held_head(f, i, float(i), [0.0046], [0.0092])
     f.arrived("q", ("ns", "q"), 10.0)
-    e = f.expect(("ns", "q"), 10.0, 0.005)
+    e = f.expect(("ns", "q"), 10.0, 0.005, 0.005)
     # NOTE: two followers each; 8 held heads had one on time and one late, and the on-time
     # pseudo-head (TIMING_PRIOR): 2 x 5/9 on time, 2 x 4/9 late
     assert e.more == 1.0 and 1.05 < e.joined < 1.15 and 0.85 < e.late < 0.9, e
-    edge = f.expect(("ns", "q"), 10.0049, 0.0001)
+    edge = f.expect(("ns", "q"), 10.0049, 0.0001, 0.005)
     assert edge.more < 0.15 and edge.joined < 0.25, edge  # NOTE: only the pseudo-head
 
 
@@ -120,7 +120,7 @@ def test_an_arrival_during_a_selected_heads_forward_heads_its_own_burst():
     f.passed(0.030)
     assert f.open() == 1  # NOTE: r heads its own burst
     f.arrived("s", ("ns", "new"), 1.0)
-    assert f.expect(("ns", "new"), 1.0, 0.005).late > 0  # NOTE: q's r came late
+    assert f.expect(("ns", "new"), 1.0, 0.005, 0.005).late > 0  # NOTE: q's r came late
 
 
 def test_bursts_that_came_together_teach_nothing_about_a_lone_head():
@@ -141,7 +141,7 @@ def test_bursts_that_came_together_teach_nothing_about_a_lone_head():
         f.selected(f"g{g}.0")
     f.arrived("next", ("ns", "next"), t + 1)
     f.passed(t + 1)
-    assert f.expect(("ns", "next"), t + 1, 0.005).more == 0.0
+    assert f.expect(("ns", "next"), t + 1, 0.005, 0.005).more == 0.0
 
 
 def test_burst_gain_holds_for_a_likely_follower_when_a_round_costs_more_than_the_wait():

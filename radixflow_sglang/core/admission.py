@@ -106,8 +106,8 @@ def _join(c: CostCoeffs, extend: float) -> float:
 FOLLOWERS_WINDOW = 32  # closed heads whose followers' arrivals `Followers.expect` reads
 
 
-# NOTE: not measured; one pseudo-head whose followers came on time: the least that keeps a
-# single late follower from ending the holds that would teach when followers come
+# NOTE: not measured; one pseudo-head whose followers came within the hold's deadline: the
+# least that keeps a single late follower from ending the holds that teach when they come
 TIMING_PRIOR = 1.0
 
 
@@ -216,10 +216,12 @@ class Followers:
         counting it made an idle kit whose last round ended its run read a stale record."""
         return len(self._open)
 
-    def expect(self, key: Hashable, now: float, wait_left: float) -> Expected:
+    def expect(self, key: Hashable, now: float, wait_left: float,
+               bound: float) -> Expected:
         """What the open, unselected head with `key` can expect in the `wait_left` seconds a
         hold has left, from the past heads with as many followers as it has so far: whether
-        more came (`_more`), and of those a hold watched, when (`_timing`). Nothing for a head
+        more came (`_more`), and of those a hold watched, when (`_timing`; `bound`: the hold's
+        deadline D). Nothing for a head
         that is not open or has no past."""
         w = self._open.get(key)
         if w is None:
@@ -231,7 +233,7 @@ class Followers:
             return Expected()
         age = now - w.t0
         first, joined, late = _timing([nxt for nxt, held in past if held and nxt],
-                                      age, age + wait_left)
+                                      age, age + wait_left, bound)
         return Expected(more * first, more * size * joined, more * size * late)
 
 
@@ -241,17 +243,17 @@ def _more(past: list[tuple[tuple, bool]]) -> tuple[float, float]:
     return (len(counts) / len(past), sum(counts) / len(counts)) if counts else (0.0, 0.0)
 
 
-def _timing(watched: list[tuple[tuple[float, float], ...]], a: float,
-            b: float) -> tuple[float, float, float]:
+def _timing(watched: list[tuple[tuple[float, float], ...]], a: float, b: float,
+            bound: float) -> tuple[float, float, float]:
     """When the next followers of held heads came (a hold watches its head's queue, so they
     registered as they arrived; those after its end, during its forward, are known only to
     lie in that forward): the chance one came in (a, b], and the share of them that came in
     it and after it. A head never held says nothing of when; the estimate starts from
-    `TIMING_PRIOR` heads whose followers all came on time, so holds go on until held heads
-    teach otherwise (one early hold whose only follower came late must not stop every later
-    hold, and with it the learning)."""
-    first = on_time = TIMING_PRIOR
-    after = 0.0
+    `TIMING_PRIOR` heads whose followers came spread evenly over the hold's `bound`, so holds
+    go on until held heads teach otherwise (one early hold whose only follower came late must
+    not stop every later hold, and with it the learning)."""
+    first = on_time = TIMING_PRIOR * _share(0.0, bound, a, b)
+    after = TIMING_PRIOR * _share(0.0, bound, b, math.inf)
     for nxt in watched:
         none = 1.0
         for lo, hi in nxt:
@@ -292,14 +294,16 @@ class Gate:
         if self.cost_aware and enabled(Reason.COST) and (
                 d.cost is None or self._holding_loses(d, now)):
             return Decision(False, Reason.COST)
-        if now - d.oldest_arrival >= self.deadline_s and enabled(Reason.DEADLINE):
+        # NOTE: the same sum as `wake_in`: a hold that slept to its deadline sees it reached
+        # (now - oldest fell a rounding short of it, and a virtual clock woke no further)
+        if now >= d.oldest_arrival + self.deadline_s and enabled(Reason.DEADLINE):
             return Decision(False, Reason.DEADLINE)
         return Decision(True, Reason.HOLD)
 
     def _holding_loses(self, d: Demand, now: float) -> bool:
         """Neither an arrival at the recent rate (`hold_gain`) nor the rest of the oldest held
         request's burst (`burst_gain`) repays holding on."""
-        wait_left = self.deadline_s - (now - d.oldest_arrival)
+        wait_left = d.oldest_arrival + self.deadline_s - now
         return (hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0
                 and burst_gain(d.heads, d.followers, wait_left, d.mean_extend, d.cost,
                                d.follower_extend, d.burst_size, d.late_followers) <= 0)
