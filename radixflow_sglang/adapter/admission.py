@@ -176,8 +176,8 @@ class AdmissionHold:
         oldest = self.requests[head.rid].registered  # NOTE: registration order is seq order
         cost = self.cost() if self.cost is not None else None
         keys = {burst_key(r) for r in fresh}
-        bound = self.gate.deadline_s
-        exp = self.followers.expect(first, now, oldest + bound - now, bound)
+        exp = self.followers.expect(first, now, self.gate.wait_left(oldest, now),
+                                    self.gate.deadline_s)
         extend = self._extend(sched, head) if exp.more > 0 and cost is not None else None
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,

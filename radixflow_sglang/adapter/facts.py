@@ -228,9 +228,7 @@ class DeferFacts:
         """no_buffer: its boundary cut must wait for SGLang's one chunk slot (adapter/boundary.py
         `BoundaryPublisher.defer`); the slot is free next round when no native chunk continues
         past this one."""
-        return self._slot_deferrable() and self.rt.boundary.defer(
-            self.req, req_tokens(self.req), namespace(self.req), self.adder,
-            self.sched.chunked_req is None, running(self.sched))
+        return self._slot_deferrable() and self.rt.boundary.defer(*self._slot_facts())
 
     @property
     def still_deferred(self) -> bool:
@@ -240,9 +238,13 @@ class DeferFacts:
         possible (`no_cut`'s conditions, the rule it is asked before)."""
         if self.rt.scan.unshared != self.req.rid or not self.chunking:
             return False
-        return self._slot_deferrable() and self.rt.boundary.still_deferred(
-            self.req, req_tokens(self.req), namespace(self.req), self.adder,
-            self.sched.chunked_req is None, running(self.sched))
+        return self._slot_deferrable() and self.rt.boundary.still_deferred(*self._slot_facts())
+
+    def _slot_facts(self) -> tuple:
+        """What the boundary publisher's slot deferral reads (`defer`, `still_deferred`): the
+        request, its tokens and namespace, the adder, a free chunk slot, the running batch."""
+        return (self.req, req_tokens(self.req), namespace(self.req), self.adder,
+                self.sched.chunked_req is None, running(self.sched))
 
     def _slot_deferrable(self) -> bool:
         """A boundary publisher that can defer `req` (a session's state is its session's)."""

@@ -221,8 +221,7 @@ class Followers:
         """What the open, unselected head with `key` can expect in the `wait_left` seconds a
         hold has left, from the past heads with as many followers as it has so far: whether
         more came (`_more`), and of those a hold watched, when (`_timing`; `bound`: the hold's
-        deadline D). Nothing for a head
-        that is not open or has no past."""
+        deadline D). Nothing for a head that is not open or has no past."""
         w = self._open.get(key)
         if w is None:
             return Expected()
@@ -294,23 +293,29 @@ class Gate:
         if self.cost_aware and enabled(Reason.COST) and (
                 d.cost is None or self._holding_loses(d, now)):
             return Decision(False, Reason.COST)
-        # NOTE: the same sum as `wake_in`: a hold that slept to its deadline sees it reached
-        # (now - oldest fell a rounding short of it, and a virtual clock woke no further)
-        if now >= d.oldest_arrival + self.deadline_s and enabled(Reason.DEADLINE):
+        # NOTE: `wait_left`, the sum `wake_in` sleeps by: a hold that slept to its deadline
+        # sees it reached (now - oldest fell a rounding short of it, and a virtual clock woke
+        # no further)
+        if self.wait_left(d.oldest_arrival, now) <= 0 and enabled(Reason.DEADLINE):
             return Decision(False, Reason.DEADLINE)
         return Decision(True, Reason.HOLD)
 
     def _holding_loses(self, d: Demand, now: float) -> bool:
         """Neither an arrival at the recent rate (`hold_gain`) nor the rest of the oldest held
         request's burst (`burst_gain`) repays holding on."""
-        wait_left = d.oldest_arrival + self.deadline_s - now
+        wait_left = self.wait_left(d.oldest_arrival, now)
         return (hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0
                 and burst_gain(d.heads, d.followers, wait_left, d.mean_extend, d.cost,
                                d.follower_extend, d.burst_size, d.late_followers) <= 0)
 
+    def wait_left(self, oldest: float, now: float) -> float:
+        """Seconds from `now` to the deadline of a hold whose oldest request came at `oldest`
+        (every rule that reads the deadline reads this one sum)."""
+        return oldest + self.deadline_s - now
+
     def wake_in(self, d: Demand, now: float) -> float:
         """Seconds until the deadline: the loop may sleep this long, never past it."""
-        return max(0.0, d.oldest_arrival + self.deadline_s - now)
+        return max(0.0, self.wait_left(d.oldest_arrival, now))
 
 
 # NOTE: not measured; chosen as a few seconds: several arrivals at a request a second, and a
