@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-PER_REQUEST = ("park", "defer", "decide", "parked", "admitted", "cut", "selected")
+PER_REQUEST = ("park", "rows_kept", "defer", "decide", "parked", "admitted", "cut", "selected")
 
 
 def read(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -60,6 +60,9 @@ def describe(e: dict[str, Any]) -> str:
         return f"visit: {e['action']} ({why})"
     if kind == "defer":
         return f"defer: {e['action']} ({why})"
+    if kind == "rows_kept":
+        return (f"row limit: {e['kept']} parked ahead of it keep their rows beside "
+                f"{e['rows']} selected (the scan stops)")
     if kind == "cut":
         at = "SGLang's own depth" if e.get("depth") is None else f"depth {e['depth']}"
         mark = "" if e.get("mark") is None else f"; fork mark {e['mark']}"

@@ -244,12 +244,15 @@ SCAN_HOOKS = [
     (136, "        if rf.defer_unmatched(self, req, adder):  # RADIXFLOW: DEFER's fast path, no "
           "match"),
     (137, "            continue  # RADIXFLOW"),
-    (190, "        if rf.defer(self, req, adder):  # RADIXFLOW: would be cut into a chunk it must "
+    (155, "        if rf.rows_kept(self, req, adder, candidate_beam_width, num_held_rows):  "
+          "# RADIXFLOW"),
+    (156, "            break  # RADIXFLOW: the row limit counts the rows this scan's parks keep"),
+    (192, "        if rf.defer(self, req, adder):  # RADIXFLOW: would be cut into a chunk it must "
           "not be"),
-    (191, "            continue  # RADIXFLOW"),
-    (206, "        rf.after_add(self, req, adder, res)  # RADIXFLOW: a selected request is a "
+    (193, "            continue  # RADIXFLOW"),
+    (208, "        rf.after_add(self, req, adder, res)  # RADIXFLOW: a selected request is a "
           "producer"),
-    (236, "    rf.end_scan(self, adder)  # RADIXFLOW: round counters"),
+    (238, "    rf.end_scan(self, adder)  # RADIXFLOW: round counters"),
 ]
 # RadixFlowScheduler's two entry points, as reviewed: the hold wraps upstream's
 # get_new_batch_prefill (its PrefillDelayer collective runs on every pass) and a held pass skips

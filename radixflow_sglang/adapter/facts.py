@@ -181,6 +181,7 @@ class VisitFacts:
             release_parked(self.sched, self.req)
             rt._apply_fork(self.b, self.adder)
             rt.requests[rid].rounds_parked += 1
+            rt.scan.kept.append(rt.requests[rid].arrival)  # NOTE: its row (`Scan.rows_kept`)
             rt.scan.parked_on = self.b  # NOTE: the trace's detail of this park (`park`)
 
     def _priced(self, why: Reason) -> None:

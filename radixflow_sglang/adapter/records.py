@@ -37,13 +37,15 @@ class Records:
         self.frag_deferred: dict[str, int] = {}  # rid -> DEFER `fragment` decisions so far
         self.traversal, self.boundary, self.clock = traversal, boundary, clock
         self._seq = 0  # registration order
+        self.passes = 0  # scheduler passes so far (`RadixFlowRuntime.hold` counts them)
 
     def register(self, req: Req, round_: int, stamp: float) -> None:
         """A request seen in the queue gets its record (once)."""
         if req.rid not in self.requests:
             self._seq += 1
             self.requests[req.rid] = RequestStats(req.rid, self.clock(), seq=self._seq,
-                                                  registered_round=round_, stamp=stamp)
+                                                  registered_round=round_, stamp=stamp,
+                                                  arrival=self.passes)
 
     def forget(self, rid: str) -> None:
         """The request left the queue without being selected (aborted, retracted, or gone by a

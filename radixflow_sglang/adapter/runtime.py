@@ -268,6 +268,15 @@ class RadixFlowRuntime:
                              "fork": b.fork, "reason": why})
         return action is not Action.NATIVE
 
+    def rows_kept(self, sched: Scheduler, req: Req, adder: PrefillAdder, beam_width: int | None,
+                  held_rows: int) -> bool:
+        """The park's row (`Scan.rows_kept`): True stops the scan at `req`, traced."""
+        kept = self.scan.rows_kept(sched, req, adder, beam_width, held_rows)
+        if kept and self.trace.on:
+            self.trace.emit({"event": "rows_kept", "round": self.round, "rid": req.rid,
+                             "kept": kept, "rows": len(adder.can_run_list)})
+        return kept > 0
+
     def _visit(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> tuple[Action, Reason]:
         """The VISIT rules (core/points.py `visit`) over `req`'s facts, applied."""
         self._register(req)
@@ -363,6 +372,7 @@ class RadixFlowRuntime:
     # --- admission (called from RadixFlowScheduler.get_new_batch_prefill) -------------------
     def hold(self, sched: Scheduler, running_batch) -> bool:
         """True: keep the queue out of this round (adapter/admission.py)."""
+        self.records.passes += 1  # NOTE: before the hold registers this pass's arrivals
         return self.admission is not None and self.admission.hold(sched, running_batch)
 
     def defer(self, sched: Scheduler, req: Req, adder: PrefillAdder) -> bool:

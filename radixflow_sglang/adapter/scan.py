@@ -177,6 +177,8 @@ def get_new_batch_prefill_raw(
             req.beam_group.beam_width if req.beam_group is not None else None
         )
         num_held_rows = sum(r.kv.holds_kv for r in adder.can_run_list)
+        if rf.rows_kept(self, req, adder, candidate_beam_width, num_held_rows):  # RADIXFLOW
+            break  # RADIXFLOW: the row limit counts the rows this scan's parks keep
         if len(adder.can_run_list) >= self.get_num_allocatable_reqs(
             running_bs,
             candidate_beam_width,

@@ -76,12 +76,37 @@ class Scan:
     chunk: tuple[Req | None, PrefillAdder | None] = (None, None)
     reasons: Counter[Reason] = field(default_factory=Counter)  # decisions (Prometheus)
     parked_on: Blocking | None = None  # the last visit's park: the trace's detail
+    kept: list[int] = field(default_factory=list)  # arrival passes of this scan's parks
 
     def queue_view(self) -> ScanView:
         """The queue's view, built once per scan when a decision first needs it (O(queue))."""
         if self.view is None:
             self.view = ScanView.of(self.sched, self.queue)
         return self.view
+
+    def rows_kept(self, sched: Scheduler, req: Req, adder: PrefillAdder,
+                  beam_width: int | None, held_rows: int) -> int:
+        """A parked consumer keeps its row from a later arrival: where SGLang's row limit
+        binds, the rows of this scan's parks that arrived in an earlier pass than `req` count
+        as taken, so `req` does not take the row of a request ahead of it that parked this
+        round (next round, rechecked first, that one takes it). A burst's requests arrived
+        together: among them rows go as the scan finds them. The rows kept (> 0) when they
+        fill the rows SGLang left; the scan then stops as at SGLang's row limit, the running
+        batch not marked full (its rows are free for the parked). 0: SGLang's own limit
+        decides (also under priority preemption, where rows are SGLang's to make).
+        Rank-identical: agreed decisions, arrival passes and SGLang's pools."""
+        if not self.kept or sched.enable_priority_preemption:
+            return 0
+        taken = len(adder.can_run_list)
+        rows = sched.get_num_allocatable_reqs(len(adder.running_batch.reqs), beam_width,
+                                              running_batch=adder.running_batch,
+                                              num_held_rows=held_rows)
+        if not taken < rows <= taken + len(self.kept):
+            return 0
+        rs = self.requests.get(req.rid)
+        arrival = rs.arrival if rs is not None else math.inf
+        kept = sum(a < arrival for a in self.kept)
+        return kept if rows <= taken + kept else 0
 
     def siblings(self, req: Req, tokens, depth: int, memo: dict[int, int]) -> int:
         """`req`'s sibling group at `depth` (ScanView.siblings), counted once per depth."""

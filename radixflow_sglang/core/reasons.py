@@ -111,7 +111,7 @@ class Action(StrEnum):
 
     HOLD = "hold"  # kept out of this scan by the admission hold
     RELEASE = "release"  # the hold lets its requests into the scan
-    PARK = "park"  # Blocked and waiting: keeps its queue position, holds nothing
+    PARK = "park"  # Blocked and waiting: keeps its queue position and row, holds nothing
     NATIVE = "native"  # SGLang's own handling from here on
     DEFER = "defer"  # skipped this round before it consumes anything
     FIRST = "first"  # visited before the requests that never waited (each in SGLang's order)

@@ -41,6 +41,9 @@ class RequestStats:
     registered: float
     seq: int = 0  # registration order (identical on every TP rank)
     registered_round: int = 0  # the scan count when first seen (identical on every TP rank)
+    # NOTE: the scheduler pass that first saw it (identical on every TP rank: a pass's arrivals
+    # are broadcast together); requests of one burst share it
+    arrival: int = 0
     stamp: float = 0.0  # the agreed clock when first seen (rank 0's, identical on every rank)
     first_selected: float | None = None
     first_selected_round: int | None = None
