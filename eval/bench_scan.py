@@ -32,9 +32,10 @@ import random
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 from radixflow_sglang import models
 from radixflow_sglang.testing.kit import Kit, KitConfig
@@ -152,22 +153,22 @@ def steady(policy: str, n: int, shared: bool, model: str, waves: int, seed: int,
     for w in range(waves):
         kit.submit(*queue(kit, n, shared, seed * 100_003 + w, wave=w + 1))
         timed = w >= waves // 5
-        for _ in range(10_000):
-            if not kit.busy:
-                break
-            if hooks is not None:
-                hooks.arm = policy if timed else None
-            try:
+        if hooks is not None:
+            hooks.arm = policy if timed else None
+        try:
+            for _ in range(10_000):
+                if not kit.busy:
+                    break
                 rnd = kit.step()
-            finally:
-                if hooks is not None:
-                    hooks.arm = None
-            t = kit.last_scan
-            if timed and t.visited:
-                rows = len(rnd.rids) if rnd is not None and rnd.mode == "prefill" else 0
-                scans.append(Scan(t.cpu_s, t.visited, rows))
-        else:
-            raise RuntimeError(f"{policy}: wave {w} not drained after 10,000 steps")
+                t = kit.last_scan
+                if timed and t.visited:
+                    rows = len(rnd.rids) if rnd is not None and rnd.mode == "prefill" else 0
+                    scans.append(Scan(t.cpu_s, t.visited, rows))
+            else:
+                raise RuntimeError(f"{policy}: wave {w} not drained after 10,000 steps")
+        finally:
+            if hooks is not None:
+                hooks.arm = None
     return scans
 
 
@@ -176,27 +177,24 @@ def _q(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(p * (len(xs) - 1))))]
 
 
-def measure(policies: list[str], n: int, shared: bool, model: str, repeat: int
+def measure(policies: list[str], repeat: int, scans: Callable[[str, int], list[Scan]]
             ) -> dict[str, list[Scan]]:
-    runs: dict[str, list[Scan]] = {p: [] for p in policies}
-    for r in range(repeat):
-        order = policies[r % len(policies):] + policies[:r % len(policies)]
-        for pol in order:  # NOTE: interleaved and rotated: load drifts hit every arm alike
-            runs[pol].append(one_scan(pol, n, shared, model, seed=r))
-    return runs
-
-
-def measure_steady(policies: list[str], n: int, shared: bool, model: str, waves: int,
-                   repeat: int, hooks: HookTimer | None, layout: str
-                   ) -> dict[str, list[Scan]]:
-    """`steady` per arm, `repeat` times, interleaved and rotated as `measure`."""
+    """`scans(policy, seed)` for every arm, `repeat` times: interleaved and rotated, so load
+    drifts on the shared machine hit every arm alike."""
     runs: dict[str, list[Scan]] = {p: [] for p in policies}
     for r in range(repeat):
         order = policies[r % len(policies):] + policies[:r % len(policies)]
         for pol in order:
-            runs[pol] += steady(pol, n, shared, model, waves, seed=r, hooks=hooks,
-                                layout=layout)
+            runs[pol] += scans(pol, r)
     return runs
+
+
+def _arm_scans(a: argparse.Namespace, n: int, shared: bool, hooks: HookTimer | None,
+               policy: str, seed: int) -> list[Scan]:
+    """One arm's scans for `measure`: a serving kit's (`--steady`), else a fresh kit's first."""
+    if a.steady:
+        return steady(policy, n, shared, a.model, a.steady, seed, hooks, a.layout)
+    return [one_scan(policy, n, shared, a.model, seed)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,8 +220,11 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--repeat: {a.repeat} (>= 1)")
     if a.steady and a.steady < 5:
         ap.error(f"--steady: {a.steady} waves (>= 5: the first fifth warms the kit)")
-    if (a.hooks or a.layout != "extra_buffer") and not a.steady:
-        ap.error("--hooks and --layout: need --steady WAVES")
+    for flag, given in (("--hooks", a.hooks), ("--layout", a.layout != "extra_buffer")):
+        if given and not a.steady:
+            ap.error(f"{flag}: needs --steady WAVES")
+    if a.profile is not None and a.steady:
+        ap.error("--profile: profiles a fresh kit's first scan; leave out --steady")
     sizes = [int(x) for x in a.sizes.split(",")]
     sharing = {"both": (False, True), "yes": (True,), "no": (False,)}[a.sharing]
     if a.profile is not None:
@@ -248,9 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         for shared in sharing:
             hooks = HookTimer() if a.hooks else None
             with hooks.installed() if hooks is not None else nullcontext():
-                runs = (measure_steady(pols, n, shared, a.model, a.steady, a.repeat, hooks,
-                                         a.layout)
-                        if a.steady else measure(pols, n, shared, a.model, a.repeat))
+                runs = measure(pols, a.repeat, partial(_arm_scans, a, n, shared, hooks))
             med = {p: statistics.median(s.cpu_s for s in runs[p]) for p in pols}
             cells = []
             for p in pols:

@@ -53,9 +53,10 @@ def test_hook_timer_times_only_radixflow_arms_and_restores_the_class():
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["--hooks"], "--hooks"),
     (["--steady", "4"], "--steady"),
-    (["--layout", "no_buffer"], "--layout"),
+    (["--layout", "no_buffer"], "--layout: needs --steady"),
+    (["--hooks"], "--hooks: needs --steady"),
+    (["--steady", "5", "--profile", "radixflow"], "--profile"),
 ])
 def test_bad_arguments_name_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as e:
