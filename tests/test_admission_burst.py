@@ -6,6 +6,8 @@ head while another is likely to come and its round's fixed cost outweighs the wa
 
 from __future__ import annotations
 
+import pytest
+
 from radixflow_sglang.core.admission import (
     Decision,
     Demand,
@@ -260,3 +262,65 @@ def test_kit_a_head_whose_followers_would_wait_is_not_held():
             k.step()
     reasons = k.runtime.admission.reasons
     assert held == [False] * 4 and reasons["hold"] == 0, (held, reasons)
+
+
+def test_a_cost_aware_hold_runs_its_deadline_from_the_bursts_newest_request():
+    """A burst still arriving is held as one: the cost-aware deadline runs D from its newest
+    registration (`burst_last`), at most 2D from the oldest; timers and the always-hold
+    ablation keep the paper's D from the oldest."""
+    g = Gate("flex", 5, cost_aware=True)
+    assert g.wait_left(0.0, 0.006, 0.004) == pytest.approx(0.003)
+    assert g.wait_left(0.0, 0.006) == pytest.approx(-0.001)  # NOTE: no burst: D from it
+    assert g.wait_left(0.0, 0.006, 0.009) == pytest.approx(0.004)  # NOTE: capped at 2D
+    assert g.decide(demand(followers=1.0, burst_last=0.004), now=0.006).hold
+    assert not g.decide(demand(followers=1.0, burst_last=0.004), now=0.0091).hold
+    for paper in (Gate("flex", 5), Gate("timer", 5)):
+        assert paper.wait_left(0.0, 0.006, 0.004) == pytest.approx(-0.001)
+        assert paper.decide(demand(burst_last=0.004), now=0.006).reason == "deadline"
+
+
+def test_followers_are_timed_from_the_bursts_newest_request():
+    """A burst's requests reach the scheduler in turn, a longer prompt later: short prompts'
+    bursts (followers 1 ms apart) teach that the next comes ~1 ms after the one before. A
+    long prompt's head whose two followers came 2 ms apart expects its third soon after the
+    second, though later after the head than any short prompt's third came."""
+    f = Followers()
+    for i in range(8):
+        held_head(f, i, float(i), [0.001, 0.002, 0.003], [])
+    f.arrived("q", ("ns", "q"), 10.0)
+    f.passed(10.0)
+    for j, d in enumerate((0.002, 0.004)):
+        f.held(("ns", "q"))
+        f.watched(10.0 + d)
+        f.arrived(f"q.{j}", ("ns", "q"), 10.0 + d)
+        f.passed(10.0 + d)
+    assert f.latest(("ns", "q")) == pytest.approx(10.004)
+    assert f.latest(("ns", "none")) is None
+    e = f.expect(("ns", "q"), 10.0045, 0.0045, 0.005)
+    assert e.more > 0.95 and e.joined > 0.95, e  # NOTE: from the head, the third came by 3 ms
+
+
+def test_kit_a_burst_longer_than_the_deadline_runs_in_one_round_once_learned():
+    """Four branches 2 ms apart, the last 6 ms after the first, past the 5 ms deadline (live
+    QuALITY's spans exceed 5 ms for a quarter of its questions): once learned, each follower
+    renews the hold and the question runs in one round. The scheduler looks every 1 ms while
+    it holds; a round's forward takes 45 ms (what comes in it registers after it)."""
+    clock, k = paper_kit()
+    rounds, waited = [], []
+    for q, reqs in questions(k, 1500, n=6):
+        t0, due = q * 1.0, {0.002 * j: r for j, r in enumerate(reqs)}
+        ran = []
+        while due or k.busy:
+            for t in [t for t in due if t0 + t <= clock.t + 1e-9]:
+                k.submit(due.pop(t))
+            r = k.step()
+            if r is not None and r.rids:
+                ran.append(clock.t - t0)
+                clock.t += 0.045
+            else:
+                clock.t += 0.001
+        rounds.append(len(ran))
+        waited.append(ran[0])
+        clock.t = t0 + 1.0
+    assert rounds[0] == 2 and waited[0] == 0.0  # NOTE: nothing learned: the head runs alone
+    assert rounds[-1] == 1 and waited[-1] == pytest.approx(0.006), (rounds, waited)

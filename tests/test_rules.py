@@ -121,6 +121,13 @@ def test_case_cost():
 
 def test_rule_deadline():
     hold(R.DEADLINE, demand(), now=0.005)
+    # NOTE: cost-aware, D from its burst's newest request, at most 2D from the oldest (the
+    # cost case, its rule ablated, would release first wherever no wait is left)
+    g = Gate("flex", 5.0, cost_aware=True)
+    with ablating([rule_of(R.COST)]):
+        assert g.decide(demand(burst_last=0.004), 0.006).hold
+        assert g.decide(demand(burst_last=0.004), 0.0091).reason is R.DEADLINE
+        assert g.decide(demand(burst_last=0.009), 0.0101).reason is R.DEADLINE
 
 
 def test_rule_hold():

@@ -176,13 +176,14 @@ class AdmissionHold:
         oldest = self.requests[head.rid].registered  # NOTE: registration order is seq order
         cost = self.cost() if self.cost is not None else None
         keys = {burst_key(r) for r in fresh}
-        exp = self.followers.expect(first, now, self.gate.wait_left(oldest, now),
+        last = self.followers.latest(first)
+        exp = self.followers.expect(first, now, self.gate.wait_left(oldest, now, last),
                                     self.gate.deadline_s)
         extend = self._extend(sched, head) if exp.more > 0 and cost is not None else None
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
                       self.arrivals.burst(), exp.more, len(keys), extend,
-                      exp.joined / exp.more if exp.more > 0 else 1.0, exp.late)
+                      exp.joined / exp.more if exp.more > 0 else 1.0, exp.late, last)
 
     def _extend(self, sched: Scheduler, head: Req) -> int:
         """What a follower of `head` would recompute beside it: its extend past the cached

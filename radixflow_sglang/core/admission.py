@@ -47,6 +47,10 @@ class Demand:
     # its followers expected after the deadline, during the round (`Expected.late`): holding
     # delays each
     late_followers: float = 0.0
+    # when the oldest held request's burst last grew: its head's or its newest follower's
+    # registration (`Followers.latest`; None: not a lone head's burst); a cost-aware hold's
+    # deadline runs from it (`Gate.wait_left`; rank-local clock)
+    burst_last: float | None = None
 
 
 @dataclass(frozen=True)
@@ -216,23 +220,41 @@ class Followers:
         counting it made an idle kit whose last round ended its run read a stale record."""
         return len(self._open)
 
+    def latest(self, key: Hashable) -> float | None:
+        """When the open head with `key`'s burst last grew: its newest follower's registration,
+        else its own (None: no open head has `key`)."""
+        w = self._open.get(key)
+        if w is None:
+            return None
+        return w.t0 + (w.spans[-1][1] if w.spans else 0.0)
+
     def expect(self, key: Hashable, now: float, wait_left: float,
                bound: float) -> Expected:
         """What the open, unselected head with `key` can expect in the `wait_left` seconds a
         hold has left, from the past heads with as many followers as it has so far: whether
         more came (`_more`), and of those a hold watched, when (`_timing`; `bound`: the hold's
-        deadline D). Nothing for a head that is not open or has no past."""
+        deadline D). Nothing for a head that is not open or has no past.
+
+        When is counted from the burst's newest registration (the head's, then its last
+        follower's), in the past heads from their registration with as many: a burst arrives
+        in turn, each request a gap after the one before (a longer prompt passes the
+        tokenizer later), so the gap after the last one is what a held burst waits for. From
+        the head, the short prompts' bursts taught that a long prompt's last follower, later
+        than theirs, comes after the hold had already ended (issue 51: paper mix at the paper
+        profile, QuALITY's 3,000-token branches with RACE's 300)."""
         w = self._open.get(key)
         if w is None:
             return Expected()
         n = len(w.spans)
-        past = [(spans[n:], held) for spans, held in self._closed if len(spans) >= n]
-        more, size = _more(past)
+        past = [(spans[n:], held, spans[n - 1][1] if n else 0.0)
+                for spans, held in self._closed if len(spans) >= n]
+        more, size = _more([(nxt, held) for nxt, held, _ in past])
         if not more:
             return Expected()
-        age = now - w.t0
-        first, joined, late = _timing([nxt for nxt, held in past if held and nxt],
-                                      age, age + wait_left, bound)
+        age = now - self.latest(key)
+        watched = [tuple((max(lo - ref, 0.0), hi - ref) for lo, hi in nxt)
+                   for nxt, held, ref in past if held and nxt]
+        first, joined, late = _timing(watched, age, age + wait_left, bound)
         return Expected(more * first, more * size * joined, more * size * late)
 
 
@@ -268,6 +290,10 @@ def _timing(watched: list[tuple[tuple[float, float], ...]], a: float, b: float,
 # NOTE: the paper's flexible-admission bound D (5 ms); the flex policies' default, a user flag
 # (`--radixflow-admission-ms`, core/policy.py)
 HOLD_MS = 5.0
+# NOTE: not measured as a tuning (1.5, 2 and 3 gave the same paper-mix cell, issue 51): the bound
+# that keeps a burst which never stops (its followers each within D of the one before) from
+# holding its oldest request without end; a question's four branches span ~4-8 ms live
+RENEWED = 2.0  # a cost-aware hold ends at most this many D after its oldest request came
 
 
 class Gate:
@@ -296,26 +322,33 @@ class Gate:
         # NOTE: `wait_left`, the sum `wake_in` sleeps by: a hold that slept to its deadline
         # sees it reached (now - oldest fell a rounding short of it, and a virtual clock woke
         # no further)
-        if self.wait_left(d.oldest_arrival, now) <= 0 and enabled(Reason.DEADLINE):
+        if self.wait_left(d.oldest_arrival, now, d.burst_last) <= 0 and enabled(Reason.DEADLINE):
             return Decision(False, Reason.DEADLINE)
         return Decision(True, Reason.HOLD)
 
     def _holding_loses(self, d: Demand, now: float) -> bool:
         """Neither an arrival at the recent rate (`hold_gain`) nor the rest of the oldest held
         request's burst (`burst_gain`) repays holding on."""
-        wait_left = self.wait_left(d.oldest_arrival, now)
+        wait_left = self.wait_left(d.oldest_arrival, now, d.burst_last)
         return (hold_gain(d.held, d.rate, d.mean_extend, d.cost, d.burst) <= 0
                 and burst_gain(d.heads, d.followers, wait_left, d.mean_extend, d.cost,
                                d.follower_extend, d.burst_size, d.late_followers) <= 0)
 
-    def wait_left(self, oldest: float, now: float) -> float:
+    def wait_left(self, oldest: float, now: float, last: float | None = None) -> float:
         """Seconds from `now` to the deadline of a hold whose oldest request came at `oldest`
-        (every rule that reads the deadline reads this one sum)."""
-        return oldest + self.deadline_s - now
+        (every rule that reads the deadline reads this one sum). Cost-aware, the deadline runs
+        D from `last`, when the oldest one's burst last grew (`Demand.burst_last`), and ends
+        at most `RENEWED` x D after `oldest`: a burst still arriving is held as one, as long as
+        each of its requests comes within D of the one before (timers and the always-hold
+        ablations keep the paper's D from the oldest)."""
+        start = oldest
+        if self.cost_aware and last is not None:
+            start = min(max(oldest, last), oldest + (RENEWED - 1) * self.deadline_s)
+        return start + self.deadline_s - now
 
     def wake_in(self, d: Demand, now: float) -> float:
         """Seconds until the deadline: the loop may sleep this long, never past it."""
-        return max(0.0, self.wait_left(d.oldest_arrival, now))
+        return max(0.0, self.wait_left(d.oldest_arrival, now, d.burst_last))
 
 
 # NOTE: not measured; chosen as a few seconds: several arrivals at a request a second, and a
