@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .admission import HOLD_MS
+from .admission import HOLD_MS, RENEWED
 
 POLICIES = (
     "stock", "radix", "timer5", "timer10", "flex", "traversal", "radixflow", "radixflow-frag",
@@ -28,9 +28,12 @@ class PolicySpec:
         if self.admission == "timer":
             parts.append(f"timer hold {self.admission_ms:g} ms (deadline or full rows)")
         elif self.admission == "flex":
+            ms = self.admission_ms
+            # NOTE: cost-aware, the bound runs from the held burst's newest arrival (Gate.wait_left)
+            bound = (f"<= {ms:g} ms after its burst last grew, {RENEWED * ms:g} ms in all"
+                     if self.hold_cost else f"<= {ms:g} ms")
             rule = "cost-aware hold" if self.hold_cost else "always hold"
-            parts.append(f"flexible admission (<= {self.admission_ms:g} ms, early release, "
-                         f"{rule})")
+            parts.append(f"flexible admission ({bound}, early release, {rule})")
         if self.traversal:
             rule = ("cost-aware wait: park only when waiting adds less latency than recomputing"
                     if self.cost_aware else "always wait: park every Blocked request")
