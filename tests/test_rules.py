@@ -594,6 +594,33 @@ def test_rule_rechecked_first():
     decides(R.RECHECKED_FIRST, interleaved, layout="no_buffer", rows=2)
 
 
+def published_burst(k) -> None:
+    """4 rows: a/0 (declared 330-token prompt) beside 3 short fillers; while they decode, b's
+    four requests and a/0's three siblings arrive in one pass, b's first. When the fillers
+    end, 3 rows are free for 7 requests: a's siblings, published, go first."""
+    import random
+
+    rng = random.Random(0)
+    system = 5 * G + 10
+    prompts = {g: [rng.randrange(100, 200_000) for _ in range(system)] for g in "ab"}
+
+    def group(g, ids, new=16):
+        return [k.req(f"{g}/{i}", prompts[g] + [rng.randrange(100, 200_000)
+                                                for _ in range(G + 3)],
+                      max_new_tokens=new, boundary=system) for i in ids]
+
+    k.submit(*group("a", [0], new=64), *[k.req(f"f/{i}", [rng.randrange(100, 200_000)
+                                                          for _ in range(G)], max_new_tokens=8)
+                                         for i in range(3)])
+    while len(k.sched.running_batch.reqs) < 4:
+        k.step()
+    k.submit(*group("b", range(4)), *group("a", range(1, 4)))
+
+
+def test_case_published_first():
+    decides(R.PUBLISHED_FIRST, published_burst, rows=4)
+
+
 def test_order_is_counted_and_traced(make_kit, tmp_path):
     """Each scan that moves waited requests says so: one `order` event, its count of waited
     requests adding up to /server_info's `order_reasons`; the visits that follow are theirs."""

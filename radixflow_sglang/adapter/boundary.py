@@ -398,3 +398,19 @@ def state_near(tree, req: Req, tokens, depth: int, within: int, mamba: bool) -> 
         if info.path_end <= matched and kept(info.node_id):
             return True
     return False
+
+
+def state_covers(tree, req: Req, tokens, within: int, mamba: bool) -> bool:
+    """Whether `req`'s ready prefix covers what the tree shares with it: the device KV it
+    matches (to SGLang's max prefix) is >= `within` deep and a state sits within `within` of
+    its end (`state_near`), so its extend is what no request computed. Read-only."""
+    from sglang.srt.mem_cache.common import _req_radix_key
+
+    core = getattr(tree, "tree_core", None)
+    if core is None or getattr(tree, "disable", False):
+        return False
+    depth = req._compute_max_prefix_len(len(tokens))
+    if depth < within:
+        return False
+    matched = core.match_full_device_prefix(_req_radix_key(tree, req, tokens, depth))[0]
+    return matched >= within and state_near(tree, req, tokens, matched, within, mamba)

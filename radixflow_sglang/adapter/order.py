@@ -2,34 +2,97 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.core.reasons import Reason, enabled
 from radixflow_sglang.core.stats import RequestStats
 
+from .reqs import running
+
 if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.scheduler import Scheduler
 
 
-def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats]
-                  ) -> tuple[Reason, int] | None:
+def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats],
+                  published: Callable[[Req], bool] | None = None
+                  ) -> list[tuple[Reason, int]]:
     """After SGLang's `calc_priority`: requests parked in an earlier scan (the wait set,
     rechecked) are visited before the rest, each part in SGLang's order (a stable sort). A
     released consumer needs only its tail: visited first, it takes a row a new producer would
     take, whose no_buffer cut would leave its rest alone in a round whose rows are full
-    (docs/notes/2026-12-rechecked-first.md). Priority scheduling keeps SGLang's order.
-    Rank-identical: `rounds_parked` counts agreed decisions. The rule that decided and the
-    requests that waited; None when none waited or they lead already."""
+    (docs/notes/2026-12-rechecked-first.md).
+
+    Case `published_first`: where SGLang's row limit binds (more queued requests than rows
+    free) under its FCFS order, a request whose shared prefix is published already
+    (`published`: a state within theta of the end of the KV the tree shares with it, a
+    producer of an earlier round's: it needs only what no request computed) goes before the
+    requests of its own arrival pass that need more: a row holds its request
+    for its whole decode, so a wave of rows that takes the cheap requests first ends sooner,
+    and the producers start the next wave with their siblings
+    (docs/notes/2026-12-published-first.md). It never passes a request of an earlier pass.
+
+    Priority scheduling keeps SGLang's order. Rank-identical: `rounds_parked` counts agreed
+    decisions, arrival passes are agreed, the tree and pools are every rank's. The rules that
+    decided, each with the requests it moved (none: SGLang's order stands)."""
     q = sched.waiting_queue
-    waited = [(s := requests.get(r.rid)) is not None and s.rounds_parked > 0 for r in q]
+    stats = [requests.get(r.rid) for r in q]
+    waited = [s is not None and s.rounds_parked > 0 for s in stats]
     n = sum(waited)
-    if not n or all(waited[:n]):
-        return None  # NOTE: SGLang's order stands
+    pub = [False] * len(q)
+    if (published is not None and enabled(Reason.RECHECKED_FIRST)
+            and len(q) - n > 1 and _fcfs(sched)
+            and len(q) > sched.get_num_allocatable_reqs(running(sched),
+                                                        running_batch=sched.running_batch)):
+        pub = [not w and published(r) for r, w in zip(q, waited, strict=True)]
+    runs = _runs(waited, [s.arrival if s is not None else -1 for s in stats])
+    moved = _published_moves(waited, pub, runs)
+    if not moved and (not n or all(waited[:n])):
+        return []  # NOTE: SGLang's order stands
     if getattr(sched, "enable_priority_scheduling", False) and enabled(Reason.PRIORITY_ORDER):
-        return Reason.PRIORITY_ORDER, n
+        return [(Reason.PRIORITY_ORDER, n)] if n else []
     if not enabled(Reason.RECHECKED_FIRST):
-        return None
-    q[:] = [r for r, w in zip(q, waited, strict=True) if w] + [
-        r for r, w in zip(q, waited, strict=True) if not w]
-    return Reason.RECHECKED_FIRST, n
+        return []
+    first = [i for i, w in enumerate(waited) if w]
+    rest = [i for i, w in enumerate(waited) if not w]
+    if moved:
+        # NOTE: a stable partition within each arrival pass's run of the queue
+        rest.sort(key=lambda i: (runs[i], not pub[i]))
+    q[:] = [q[i] for i in first + rest]
+    decided = []
+    if n and not all(waited[:n]):
+        decided.append((Reason.RECHECKED_FIRST, n))
+    if moved:
+        decided.append((Reason.PUBLISHED_FIRST, moved))
+    return decided
+
+
+def _fcfs(sched: Scheduler) -> bool:
+    """SGLang's queue order is its arrival order (cache-aware orders rank by prefix already)."""
+    policy = getattr(getattr(sched, "policy", None), "policy", None)
+    return getattr(policy, "value", None) == "fcfs"
+
+
+def _runs(waited: list[bool], arrival: list[int]) -> list[int]:
+    """Each request's run: maximal stretches of the queue's not-waited requests from one
+    arrival pass (a waited request between them does not split a run: it leads anyway)."""
+    out, run, last = [], -1, None
+    for w, a in zip(waited, arrival, strict=True):
+        if not w and a != last:
+            run, last = run + 1, a
+        out.append(run)
+    return out
+
+
+def _published_moves(waited: list[bool], pub: list[bool], runs: list[int]) -> int:
+    """Published requests behind a not-published one of their own arrival run."""
+    moved, seen_unpub = 0, set()
+    for w, p, r in zip(waited, pub, runs, strict=True):
+        if w:
+            continue
+        if p and r in seen_unpub:
+            moved += 1
+        elif not p:
+            seen_unpub.add(r)
+    return moved

@@ -33,7 +33,8 @@ class Reporting:
         self._reported: Counter[Reason] = Counter()  # HOLD, PLACE, PUBLISH sent to Prometheus
 
     def ordered(self, round_: int, why: Reason, waited: int) -> None:
-        """An ORDER decision over `waited` requests that parked before."""
+        """An ORDER decision over the `waited` requests it moved first (parked before, or
+        published: its case)."""
         self.order_reasons[why] += waited
         if self.trace.on:
             self.trace.emit({"event": "order", "round": round_, "reason": why,

@@ -28,7 +28,7 @@ from radixflow_sglang.core.traversal import Candidate, Traversal, TraversalConfi
 
 from . import check_sglang_version
 from .admission import AdmissionHold, Sleep
-from .boundary import BoundaryPublisher, cut_chunk
+from .boundary import BoundaryPublisher, cut_chunk, state_covers
 from .facts import DeferFacts, VisitFacts
 from .order import recheck_first
 from .queueindex import QueueIndex
@@ -215,11 +215,17 @@ class RadixFlowRuntime:
         scan.stats.round, scan.stats.t_start = self.round, self.clock()
 
     def _order(self, sched: Scheduler) -> None:
-        """The ORDER point (core/reasons.py): rechecked requests first (adapter/order.py)."""
+        """The ORDER point (core/reasons.py): rechecked requests first, and where rows bind the
+        published ones of each arrival pass (adapter/order.py)."""
         if self.traversal is None:
             return
-        decided = recheck_first(sched, self.requests)
-        if decided is not None:
+        theta, mamba = self.traversal.cfg.theta, self.grid.layout is not Layout.FULL
+
+        def published(req: Req) -> bool:
+            # NOTE: its state covers what the tree shares with it (read-only)
+            return state_covers(sched.tree_cache, req, req_tokens(req), theta, mamba)
+
+        for decided in recheck_first(sched, self.requests, published):
             self.report.ordered(self.round, *decided)
 
     @property

@@ -58,6 +58,7 @@ class Reason(StrEnum):
     # --- ORDER (adapter/order.py recheck_first), per queued request, in this order ------------
     PRIORITY_ORDER = "priority_order"  # priority scheduling orders the queue: SGLang's order
     RECHECKED_FIRST = "rechecked_first"  # parked in an earlier scan: visited before the rest
+    PUBLISHED_FIRST = "published_first"  # rows bind: its prefix is published, before its pass
     QUEUE_ORDER = "queue_order"  # otherwise: SGLang's order
 
     # --- VISIT (core/points.py visit), checked in this order -----------------------------------
@@ -165,8 +166,12 @@ RULEBOOK: tuple[Rule, ...] = (
     Rule(HOLD, Reason.HOLD, Action.HOLD, "otherwise: hold", default=True,
          kept="the point's otherwise"),
     Rule(ORDER, Reason.RECHECKED_FIRST, Action.FIRST,
-         "parked in an earlier scan (the wait set, rechecked): visited before the rest",
-         kept="off: mean 1.050x (0.8b gsp burst no_buffer)"),
+         "parked in an earlier scan (the wait set, rechecked): visited before the rest; where "
+         "SGLang's row limit binds under FCFS, also a request whose ready state covers what the "
+         "tree shares with it (within theta), before its own arrival pass (`published_first`)",
+         cases=(Reason.PUBLISHED_FIRST,),
+         kept=("off: mean 1.050x (0.8b gsp burst no_buffer); `published_first`: mean "
+               "0.789x -> 0.700x stock (0.8b gsp burst extra_buffer, paper profile)")),
     Rule(ORDER, Reason.QUEUE_ORDER, Action.NATIVE,
          "otherwise, or under priority scheduling (`priority_order`, checked first: SGLang's "
          "priority order stands): SGLang's order", default=True, cases=(Reason.PRIORITY_ORDER,),
