@@ -22,30 +22,16 @@ def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats],
     rechecked) are visited before the rest, each part in SGLang's order (a stable sort). A
     released consumer needs only its tail: visited first, it takes a row a new producer would
     take, whose no_buffer cut would leave its rest alone in a round whose rows are full
-    (docs/notes/2026-12-rechecked-first.md).
-
-    Case `published_first`: where SGLang's row limit binds (more queued requests than rows
-    free) under its FCFS order, a request whose shared prefix is published already
-    (`published`: a state within theta of the end of the KV the tree shares with it, a
-    producer of an earlier round's: it needs only what no request computed) goes before the
-    requests of its own arrival pass that need more: a row holds its request
-    for its whole decode, so a wave of rows that takes the cheap requests first ends sooner,
-    and the producers start the next wave with their siblings
-    (docs/notes/2026-12-published-first.md). It never passes a request of an earlier pass.
-
-    Priority scheduling keeps SGLang's order. Rank-identical: `rounds_parked` counts agreed
-    decisions, arrival passes are agreed, the tree and pools are every rank's. The rules that
-    decided, each with the requests it moved (none: SGLang's order stands)."""
+    (docs/notes/2026-12-rechecked-first.md). Case `published_first` (`_published`): published
+    requests go before the rest of their own arrival pass. Priority scheduling keeps SGLang's
+    order. Rank-identical: `rounds_parked` counts agreed decisions, arrival passes are agreed,
+    the tree and pools are every rank's. The rules that decided, each with the requests it
+    moved (none: SGLang's order stands)."""
     q = sched.waiting_queue
     stats = [requests.get(r.rid) for r in q]
     waited = [s is not None and s.rounds_parked > 0 for s in stats]
     n = sum(waited)
-    pub = [False] * len(q)
-    if (published is not None and enabled(Reason.RECHECKED_FIRST)
-            and len(q) - n > 1 and _fcfs(sched)
-            and len(q) > sched.get_num_allocatable_reqs(running(sched),
-                                                        running_batch=sched.running_batch)):
-        pub = [not w and published(r) for r, w in zip(q, waited, strict=True)]
+    pub = _published(sched, waited, n, published)
     runs = _runs(waited, [s.arrival if s is not None else -1 for s in stats])
     moved = _published_moves(waited, pub, runs)
     if not moved and (not n or all(waited[:n])):
@@ -54,18 +40,42 @@ def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats],
         return [(Reason.PRIORITY_ORDER, n)] if n else []
     if not enabled(Reason.RECHECKED_FIRST):
         return []
-    first = [i for i, w in enumerate(waited) if w]
-    rest = [i for i, w in enumerate(waited) if not w]
-    if moved:
-        # NOTE: a stable partition within each arrival pass's run of the queue
-        rest.sort(key=lambda i: (runs[i], not pub[i]))
-    q[:] = [q[i] for i in first + rest]
+    _reorder(q, waited, pub, runs, moved)
     decided = []
     if n and not all(waited[:n]):
         decided.append((Reason.RECHECKED_FIRST, n))
     if moved:
         decided.append((Reason.PUBLISHED_FIRST, moved))
     return decided
+
+
+def _published(sched: Scheduler, waited: list[bool], n: int,
+               published: Callable[[Req], bool] | None) -> list[bool]:
+    """Case `published_first`: where SGLang's row limit binds (more queued requests than rows
+    free) under its FCFS order, the not-waited requests whose shared prefix is published
+    already (`published`: a state within theta of the end of the KV the tree shares with it,
+    a producer of an earlier round's: it needs only what no request computed). They go before
+    the requests of their own arrival pass that need more: a row holds its request for its
+    whole decode, so a wave of rows that takes the cheap requests first ends sooner, and the
+    producers start the next wave with their siblings (docs/notes/2026-12-published-first.md).
+    All False where the case cannot act."""
+    q = sched.waiting_queue
+    if (published is not None and enabled(Reason.RECHECKED_FIRST)
+            and len(q) - n > 1 and _fcfs(sched)
+            and len(q) > sched.get_num_allocatable_reqs(running(sched),
+                                                        running_batch=sched.running_batch)):
+        return [not w and published(r) for r, w in zip(q, waited, strict=True)]
+    return [False] * len(q)
+
+
+def _reorder(q: list, waited: list[bool], pub: list[bool], runs: list[int], moved: int) -> None:
+    """The waited first; then the rest, published ones first within each arrival run (a stable
+    partition: it never passes a request of an earlier pass)."""
+    first = [i for i, w in enumerate(waited) if w]
+    rest = [i for i, w in enumerate(waited) if not w]
+    if moved:
+        rest.sort(key=lambda i: (runs[i], not pub[i]))
+    q[:] = [q[i] for i in first + rest]
 
 
 def _fcfs(sched: Scheduler) -> bool:
