@@ -37,14 +37,6 @@ def _group(k, rng, name: str, n: int = N, start: int = 0, new: int = 16) -> list
 _group.prompts = {}
 
 
-def _first_round(k) -> dict[str, int]:
-    """rid -> index of the prefill round it was first selected in."""
-    first: dict[str, int] = {}
-    for r in k.rounds:
-        for rid in r.rids:
-            first.setdefault(rid, r.index)
-    return first
-
 
 def _burst(make_kit, policy: str, layout: str, passes: int = 1):
     """a/0 runs beside ROWS - 1 short fillers (its state published at a's boundary; it decodes
@@ -70,7 +62,7 @@ def _burst(make_kit, policy: str, layout: str, passes: int = 1):
 @pytest.mark.parametrize("layout", ["extra_buffer", "no_buffer"])
 def test_published_siblings_take_the_rows_before_their_pass(make_kit, layout):
     k = _burst(make_kit, "radixflow", layout)
-    first = _first_round(k)
+    first = k.first_rounds()
     sibs = [first[f"a/{i}"] for i in range(1, N)]
     # NOTE: a's siblings run together from a/0's state, before b's producer takes a row
     assert len(set(sibs)) == 1 and sibs[0] < first["b/0"]
@@ -83,13 +75,13 @@ def test_published_siblings_take_the_rows_before_their_pass(make_kit, layout):
 def test_without_the_case_the_queue_order_fills_the_rows(make_kit, layout):
     """The rule ablated (FCFS): b's producer, queued first, takes a row before a's siblings."""
     with ablating([R.RECHECKED_FIRST]):
-        first = _first_round(_burst(make_kit, "radixflow", layout))
+        first = _burst(make_kit, "radixflow", layout).first_rounds()
     assert first["b/0"] < max(first[f"a/{i}"] for i in range(1, N))
 
 
 def test_an_earlier_pass_is_not_passed(make_kit):
     """b's group arrived a pass before a's siblings: it keeps its place (FCFS across passes)."""
     k = _burst(make_kit, "radixflow", "extra_buffer", passes=2)
-    first = _first_round(k)
+    first = k.first_rounds()
     assert first["b/0"] <= min(first[f"a/{i}"] for i in range(1, N))
     assert R.PUBLISHED_FIRST.value not in k.runtime.summary()["order_reasons"]

@@ -38,19 +38,11 @@ def _arrivals(make_kit, policy: str, layout: str, together: bool = False):
     return k
 
 
-def _first_round(k) -> dict[str, int]:
-    """rid -> index of the prefill round it was first selected in."""
-    first: dict[str, int] = {}
-    for r in k.rounds:
-        for rid in r.rids:
-            first.setdefault(rid, r.index)
-    return first
-
 
 @pytest.mark.parametrize("layout", ["extra_buffer", "no_buffer"])
 def test_a_parked_copy_keeps_its_row_from_a_later_prompts_producer(make_kit, layout):
     k = _arrivals(make_kit, "radixflow", layout)
-    first = _first_round(k)
+    first = k.first_rounds()
     a = [first[f"a/{i}"] for i in range(N)]
     # NOTE: the copies parked behind a/0 (they reuse its state: the park happened)
     assert min(a[1:]) > a[0]
@@ -66,12 +58,12 @@ def test_a_parked_copy_keeps_its_row_from_a_later_prompts_producer(make_kit, lay
 def test_a_burst_keeps_no_row_among_its_own(make_kit):
     """Arrived in one pass, the requests have no order to keep: b's producer takes a free row
     behind a's parked copies, as without the rule."""
-    first = _first_round(_arrivals(make_kit, "radixflow", "extra_buffer", together=True))
+    first = _arrivals(make_kit, "radixflow", "extra_buffer", together=True).first_rounds()
     assert first["b/0"] == first["a/0"]
 
 
 def test_stock_takes_the_rows_in_queue_order(make_kit):
     """The order the parked copies keep: stock's (its first prompt's copies fill the rows)."""
-    first = _first_round(_arrivals(make_kit, "stock", "extra_buffer"))
+    first = _arrivals(make_kit, "stock", "extra_buffer").first_rounds()
     assert {first[f"a/{i}"] for i in range(N)} == {first["a/0"]}
     assert first["b/0"] > first["a/0"]

@@ -670,6 +670,14 @@ class Kit:
                 out.append(rnd)
         raise RuntimeError(f"not drained after {max_rounds} steps")
 
+    def first_rounds(self) -> dict[str, int]:
+        """rid -> index of the prefill round that first selected it."""
+        first: dict[str, int] = {}
+        for r in self.rounds:
+            for rid in r.rids:
+                first.setdefault(rid, r.index)
+        return first
+
     # --- accounting --------------------------------------------------------------------------
     def leaks(self) -> dict[str, int]:
         """Evict the whole tree once nothing runs; every slot must then be free (0 = no leak)."""
