@@ -38,7 +38,6 @@ def _arrivals(make_kit, policy: str, layout: str, together: bool = False):
     return k
 
 
-
 @pytest.mark.parametrize("layout", ["extra_buffer", "no_buffer"])
 def test_a_parked_copy_keeps_its_row_from_a_later_prompts_producer(make_kit, layout):
     k = _arrivals(make_kit, "radixflow", layout)
