@@ -375,13 +375,21 @@ def state_near(tree, req: Req, tokens, depth: int, within: int, mamba: bool) -> 
     mem_cache/unified_cache/unified_tree_core_interface.py, both tree cores), so a request
     SGLang's scan does not visit is left as stock leaves it."""
     from sglang.srt.mem_cache.common import _req_radix_key
-    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
     core = getattr(tree, "tree_core", None)
     if core is None or getattr(tree, "disable", False) or depth <= 0 or within <= 0:
         return False
-    matched, node, pinned = core.match_full_device_prefix(_req_radix_key(tree, req, tokens,
-                                                                         depth))
+    match = core.match_full_device_prefix(_req_radix_key(tree, req, tokens, depth))
+    return _state_within(core, match, depth, within, mamba)
+
+
+def _state_within(core, match: tuple[int, Any, int], depth: int, within: int,
+                  mamba: bool) -> bool:
+    """`state_near` past its walk: `match` is `match_full_device_prefix`'s (matched, node,
+    pinned) for the request's path cut at `depth`."""
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    matched, node, pinned = match
     if matched <= depth - within:
         return False  # NOTE: not cached that far
 
@@ -412,5 +420,8 @@ def state_covers(tree, req: Req, tokens, within: int, mamba: bool) -> bool:
     depth = req._compute_max_prefix_len(len(tokens))
     if depth < within:
         return False
-    matched = core.match_full_device_prefix(_req_radix_key(tree, req, tokens, depth))[0]
-    return matched >= within and state_near(tree, req, tokens, matched, within, mamba)
+    match = core.match_full_device_prefix(_req_radix_key(tree, req, tokens, depth))
+    # NOTE: `state_near` at the matched depth, on this walk: the path cut there (page-aligned,
+    # as the walk's) ends at the same node with the same counts, so a second walk adds nothing
+    return within > 0 and match[0] >= within and _state_within(core, match, match[0], within,
+                                                               mamba)
