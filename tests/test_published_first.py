@@ -38,7 +38,7 @@ _group.prompts = {}
 
 
 
-def _burst(make_kit, policy: str, layout: str, passes: int = 1):
+def _burst(make_kit, policy: str, layout: str, passes: int = 1, priority: bool = False):
     """a/0 runs beside ROWS - 1 short fillers (its state published at a's boundary; it decodes
     longest); then, while the rows are full, b's group and a's three siblings arrive, b's
     first in the queue: in one pass (`passes` 1), or b's a pass before a's siblings (2). When
@@ -46,6 +46,7 @@ def _burst(make_kit, policy: str, layout: str, passes: int = 1):
     _group.prompts.clear()
     rng = random.Random(0)
     k = make_kit(MODEL, layout, policy, rows=ROWS)
+    k.sched.enable_priority_scheduling = priority  # NOTE: priorities all equal: FCFS order
     k.submit(*_group(k, rng, "a", n=1, new=64),
              *[k.req(f"f/{i}", [rng.randrange(100, 200_000) for _ in range(G)], max_new_tokens=8)
                for i in range(ROWS - 1)])
@@ -85,3 +86,19 @@ def test_an_earlier_pass_is_not_passed(make_kit):
     first = k.first_rounds()
     assert first["b/0"] <= min(first[f"a/{i}"] for i in range(1, N))
     assert R.PUBLISHED_FIRST.value not in k.runtime.summary()["order_reasons"]
+
+
+@pytest.mark.parametrize("priority", [False, True])
+def test_priority_scheduling_walks_no_tree(make_kit, monkeypatch, priority):
+    """Priority scheduling keeps SGLang's order: the case does not walk the tree for states
+    it could only discard (`state_covers`), nor report an order it did not make."""
+    import radixflow_sglang.adapter.runtime as rt
+
+    walks = []
+    covers = rt.state_covers
+    monkeypatch.setattr(rt, "state_covers", lambda *a: walks.append(a[1].rid) or covers(*a))
+    k = _burst(make_kit, "radixflow", "extra_buffer", priority=priority)
+    reasons = k.runtime.summary()["order_reasons"]
+    assert bool(walks) is not priority, walks
+    assert (R.PUBLISHED_FIRST.value in reasons) is not priority, reasons
+    assert R.PRIORITY_ORDER.value not in reasons  # NOTE: nothing waited: no order to keep

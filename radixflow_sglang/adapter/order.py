@@ -31,15 +31,18 @@ def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats],
     stats = [requests.get(r.rid) for r in q]
     waited = [s is not None and s.rounds_parked > 0 for s in stats]
     n = sum(waited)
-    pub = _published(sched, waited, n, published)
-    runs = _runs(waited, [s.arrival if s is not None else -1 for s in stats])
-    moved = _published_moves(waited, pub, runs)
-    if not moved and (not n or all(waited[:n])):
-        return []  # NOTE: SGLang's order stands
     if getattr(sched, "enable_priority_scheduling", False) and enabled(Reason.PRIORITY_ORDER):
-        return [(Reason.PRIORITY_ORDER, n)] if n else []
+        # NOTE: before `_published`: its tree walks could only be discarded here
+        return [] if not n or all(waited[:n]) else [(Reason.PRIORITY_ORDER, n)]
     if not enabled(Reason.RECHECKED_FIRST):
         return []
+    pub = _published(sched, waited, n, published)
+    runs, moved = [], 0  # NOTE: nothing published, nothing to move: no arrival runs needed
+    if any(pub):
+        runs = _runs(waited, [s.arrival if s is not None else -1 for s in stats])
+        moved = _published_moves(waited, pub, runs)
+    if not moved and (not n or all(waited[:n])):
+        return []  # NOTE: SGLang's order stands
     _reorder(q, waited, pub, runs, moved)
     decided = []
     if n and not all(waited[:n]):
@@ -60,8 +63,7 @@ def _published(sched: Scheduler, waited: list[bool], n: int,
     producers start the next wave with their siblings (docs/notes/2026-12-published-first.md).
     All False where the case cannot act."""
     q = sched.waiting_queue
-    if (published is not None and enabled(Reason.RECHECKED_FIRST)
-            and len(q) - n > 1 and _fcfs(sched)
+    if (published is not None and len(q) - n > 1 and _fcfs(sched)
             and len(q) > sched.get_num_allocatable_reqs(running(sched),
                                                         running_batch=sched.running_batch)):
         return [not w and published(r) for r, w in zip(q, waited, strict=True)]
