@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.core.admission import (
@@ -179,7 +180,9 @@ class AdmissionHold:
         last = self.followers.latest(first)
         exp = self.followers.expect(first, now, self.gate.wait_left(oldest, now, last),
                                     self.gate.deadline_s)
-        extend = self._extend(sched, head) if exp.more > 0 and cost is not None else None
+        # NOTE: a match, made only if the cost rule reads it (EARLY's rules decide first)
+        extend = (partial(self._extend, sched, head) if exp.more > 0 and cost is not None
+                  else None)
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
                       self.arrivals.burst(), exp.more, len(keys), extend,
