@@ -175,7 +175,8 @@ class PlacementTargets:
         # no_buffer cut costs the request a round (docs/design.md, "A guess never costs a round")
         if pieces is None:
             pieces = self.grid.layout is Layout.EXTRA_BUFFER
-        cands = self.markers.candidates(tokens, prefix, prefix + extend, pieces=pieces)
+        cands = self.markers.candidates(tokens, prefix, prefix + extend, pieces=pieces,
+                                        key=(req.rid, len(tokens)))
         if not cands:
             return None
         points = []

@@ -426,9 +426,13 @@ class MarkerLearner:
     # disjoint from it is unrelated to every kept one, one set probe instead of one per tail
     _union: set = field(default_factory=set)
     _fresh: deque = field(default_factory=deque)  # each kept tail was disjoint from `_union`
+    # NOTE: `candidates` by the caller's key while nothing is learned (`observe` and `infer`
+    # clear it): PLACE, the no_buffer mark and a slot deferral ask it of one request in turn
+    _found: dict = field(default_factory=dict, repr=False, compare=False)
 
     def observe(self, tokens: Sequence[int], hit: int) -> Marker | None:
         """A fork at exact depth `hit` of `tokens`; returns the marker it joined or started."""
+        self._found.clear()
         if hit < self.min_len:
             return None
         return self._merge_suffix(self.markers, tuple(tokens[max(0, hit - self.span):hit]))
@@ -466,6 +470,7 @@ class MarkerLearner:
         asked again in another namespace: the text before its question), kept as a piece
         (merged by common suffix, as `observe` merges the tree's forks). Returns the pieces
         this request touched."""
+        self._found.clear()
         tail = tuple(tokens[-self.window:])
         if len(tail) <= self.min_len or tail in self._tails:
             return []
@@ -582,17 +587,33 @@ class MarkerLearner:
         seen.add(id(m))
         return m
 
-    def candidates(self, tokens, lo: int, hi: int,
-                   pieces: bool = True) -> list[tuple[int, Marker]]:
+    def candidates(self, tokens, lo: int, hi: int, pieces: bool = True,
+                   key: Hashable = None) -> list[tuple[int, Marker]]:
         """(depth right after the marker's last occurrence in tokens[lo:hi], marker) for each
         learned marker, then (`pieces`) each learned template piece at a depth no marker
-        gave, that occurs there."""
+        gave, that occurs there. `key`: the caller's name for `tokens` (a request's rid and
+        length): asked again before anything is learned, the answer is the one found then
+        (without `pieces`, its markers' part: they come first)."""
+        if key is None:
+            out, markers = self._find(tokens, lo, hi, pieces)
+            return out
+        found = self._found.get((key, lo, hi))
+        if found is None:
+            found = self._found[(key, lo, hi)] = self._find(tokens, lo, hi, True)
+        out, markers = found
+        return out[:] if pieces else out[:markers]
+
+    def _find(self, tokens, lo: int, hi: int, pieces: bool
+              ) -> tuple[list[tuple[int, Marker]], int]:
+        """`candidates`, and how many of them are markers' (the first ones)."""
         out: list[tuple[int, Marker]] = []
         hay = None
         learned = [m for m in self.markers if m.support >= self.support]
+        markers = len(learned)
         if pieces:
             learned += [m for m in self.pieces if m.support >= self.piece_support]
-        for m in learned:
+        found_markers = 0
+        for i, m in enumerate(learned):
             if hay is None:
                 arr = tokens[:hi]
                 if not (isinstance(arr, array) and arr.typecode == "q"):
@@ -602,7 +623,9 @@ class MarkerLearner:
             at = None if pos is None else pos // TOKEN_BYTES + len(m.tokens)
             if at is not None and all(d != at for d, _ in out):
                 out.append((at, m))
-        return out
+            if i + 1 == markers:
+                found_markers = len(out)
+        return out, found_markers
 
 
 def _kgram_index(a: tuple[int, ...], k: int) -> dict[tuple[int, ...], list[int]]:
