@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING
 
 from radixflow_sglang.core.admission import (
@@ -180,9 +179,10 @@ class AdmissionHold:
         last = self.followers.latest(first)
         exp = self.followers.expect(first, now, self.gate.wait_left(oldest, now, last),
                                     self.gate.deadline_s)
-        # NOTE: a match, made only if the cost rule reads it (EARLY's rules decide first)
-        extend = (partial(self._extend, sched, head) if exp.more > 0 and cost is not None
-                  else None)
+        # NOTE: matched now even where EARLY's rules decide first: PLACE reads the prefix_len
+        # of queued requests the scan has not matched (adapter/boundary_scan.py `groups_at`),
+        # so a lazy match would move decisions
+        extend = self._extend(sched, head) if exp.more > 0 and cost is not None else None
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
                       self.arrivals.burst(), exp.more, len(keys), extend,

@@ -40,9 +40,8 @@ class Demand:
     followers: float = 0.0
     heads: int = 1  # held requests that head a burst of their own (distinct questions)
     # tokens a follower of the oldest held request would recompute beside it in one round:
-    # that request's extend past its cached prefix (None: `mean_extend`; rank-identical).
-    # A function: the adapter matches the request only when the cost rule reads it
-    follower_extend: float | Callable[[], float] | None = None
+    # that request's extend past its cached prefix (None: `mean_extend`; rank-identical)
+    follower_extend: float | None = None
     # the followers that join its held round when some come (`Expected.joined` / `more`)
     burst_size: float = 1.0
     # its followers expected after the deadline, during the round (`Expected.late`): holding
@@ -77,7 +76,7 @@ def hold_gain(held: int, rate: float, mean_extend: float, c: CostCoeffs,
 
 
 def burst_gain(heads: int, more: float, wait_left: float, mean_extend: float,
-               c: CostCoeffs, follower_extend: float | Callable[[], float] | None = None,
+               c: CostCoeffs, follower_extend: float | None = None,
                size: float = 1.0, late: float = 0.0) -> float:
     """Net latency (s) holding the rest of the wait saves when another request of the oldest
     held request's burst comes before the deadline with probability `more`
@@ -92,12 +91,9 @@ def burst_gain(heads: int, more: float, wait_left: float, mean_extend: float,
     each of its `late` followers, which come after the deadline and now wait for a later
     round end (the server cannot tell a question's branches from siblings that are requests
     of their own: each is charged); each other held question (`heads` - 1) pays the wait and
-    a follower's work. Positive: holding wins. `follower_extend` may be a function, asked
-    only here (a tree match in a server)."""
+    a follower's work. Positive: holding wins."""
     if more <= 0 or wait_left <= 0:
         return 0.0
-    if callable(follower_extend):
-        follower_extend = follower_extend()
     own = _join(c, mean_extend if follower_extend is None else follower_extend)
     saved = max(c.alpha - max(size, 1.0) * own, 0.0)
     return (more * saved - wait_left * (1.0 + late)
