@@ -650,6 +650,24 @@ def test_pieces_count_once_per_pair_and_need_support():
     assert ml.pieces[0].support == 3 and ml.candidates(b, 0, len(b)) == [(6, ml.pieces[0])]
 
 
+def test_candidates_kept_for_a_request_until_the_learner_learns():
+    """Asked again under a request's key (PLACE, then its no_buffer mark), the candidates are
+    the ones found, the markers' part without pieces; a learning step forgets them."""
+    ml = MarkerLearner(window=64, piece_support=2)
+    ctx = [900, 901, 902, 903]
+    m = ml.observe(ctx + [1], len(ctx))  # a fork after ctx: a marker (support 1: learned)
+    ml.infer([100, 101] + END + [1, 2, 3, 4] + END + [5, 6, 7, 41, 42, 43])
+    ml.infer([200, 201] + END + [8, 9, 10] + [41, 42, 43, 44])  # END: one pair, not learned
+    new = [7, 8] + ctx + [9] + END + [10, 11]
+    assert ml.candidates(new, 0, len(new), key=("r", len(new))) == [(6, m)]
+    ml.infer([300, 301] + END + [12, 13, 41, 42, 43])  # END's next pairs: learned now
+    both = [(6, m), (7 + len(END), ml.pieces[0])]
+    assert ml.candidates(new, 0, len(new), key=("r", len(new))) == both
+    assert ml.candidates(new, 0, len(new)) == both  # the same as unkept
+    assert ml.candidates(new, 0, len(new), pieces=False, key=("r", len(new))) == [(6, m)]
+    assert ml.candidates(new, 0, 6, key=("r", len(new))) == [(6, m)]  # another extend
+
+
 def test_a_document_asked_in_another_namespace_shows_its_end_in_token_space():
     """Two questions on one document in different namespaces (the matrix's cold segment asks
     each in its own): the tree shows no fork between them, their tails do. Where their shared
