@@ -595,13 +595,12 @@ class MarkerLearner:
         length): asked again before anything is learned, the answer is the one found then
         (without `pieces`, its markers' part: they come first)."""
         if key is None:
-            out, markers = self._find(tokens, lo, hi, pieces)
-            return out
+            return self._find(tokens, lo, hi, pieces)[0]
         found = self._found.get((key, lo, hi))
         if found is None:
             found = self._found[(key, lo, hi)] = self._find(tokens, lo, hi, True)
-        out, markers = found
-        return out[:] if pieces else out[:markers]
+        out, of_markers = found
+        return out[:] if pieces else out[:of_markers]
 
     def _find(self, tokens, lo: int, hi: int, pieces: bool
               ) -> tuple[list[tuple[int, Marker]], int]:
@@ -609,7 +608,7 @@ class MarkerLearner:
         out: list[tuple[int, Marker]] = []
         hay = None
         learned = [m for m in self.markers if m.support >= self.support]
-        markers = len(learned)
+        n_markers = len(learned)
         if pieces:
             learned += [m for m in self.pieces if m.support >= self.piece_support]
         found_markers = 0
@@ -623,7 +622,7 @@ class MarkerLearner:
             at = None if pos is None else pos // TOKEN_BYTES + len(m.tokens)
             if at is not None and all(d != at for d, _ in out):
                 out.append((at, m))
-            if i + 1 == markers:
+            if i + 1 == n_markers:
                 found_markers = len(out)
         return out, found_markers
 
