@@ -37,7 +37,6 @@ def _group(k, rng, name: str, n: int = N, start: int = 0, new: int = 16) -> list
 _group.prompts = {}
 
 
-
 def _burst(make_kit, policy: str, layout: str, passes: int = 1, priority: bool = False):
     """a/0 runs beside ROWS - 1 short fillers (its state published at a's boundary; it decodes
     longest); then, while the rows are full, b's group and a's three siblings arrive, b's
