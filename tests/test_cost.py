@@ -383,6 +383,30 @@ def test_estimator_without_observations_of_a_direction_keeps_the_prior_there():
     assert est.coeffs.beta == pytest.approx(QWEN_4B.beta, rel=1e-3)
 
 
+def test_estimator_never_inflates_a_term_to_pay_for_a_negative_one():
+    """The twin's box sibling replay (no_buffer, exact forwards: 5 ms + 2 us/token + 0.1 ms/row,
+    no attention pairs) from the 4B-class prior: its shapes let a ridge fit trade delta < 0
+    against beta and gamma, and clamping delta to 0 afterwards left beta 2.4x and gamma 3x their
+    cost (a 1-row 1,088-token extend priced 10.2 ms, 7.3 measured): every sibling group waited
+    where recomputing was cheaper (twin 1.22x stock). Each term is fitted >= 0 instead."""
+    true = CostCoeffs(5e-3, 2e-6, 1e-4)
+    prior = CostCoeffs(8e-3, 1.7034e-5, 1.2419e-4, 3.318e-10, "default:qwen3.5-4b")
+
+    def pairs(rows: int, tokens: int) -> float:
+        e = tokens // rows
+        return rows * e * e / 2  # NOTE: rows of one extend each, nothing cached
+
+    est = RoundCostEstimator(prior)
+    shapes = [(1, 16), (1, 1088), (2, 2112), (4, 1216), (3, 192)] + [(1, 1088), (1, 1024),
+                                                                      (3, 192)] * 14
+    for rows, tokens in shapes:
+        est.observe(rows, tokens, true(rows, tokens), pairs(rows, tokens))
+    c = est.coeffs
+    assert min(c.alpha, c.beta, c.gamma, c.delta) >= 0
+    assert c(1, 1088, pairs(1, 1088)) == pytest.approx(true(1, 1088), rel=0.02), c
+    assert c.beta == pytest.approx(true.beta, rel=0.2), c
+
+
 def test_estimator_rejects_nonsense_and_is_deterministic():
     a, b = RoundCostEstimator(GENERIC_PRIOR), RoundCostEstimator(GENERIC_PRIOR)
     assert not a.observe(4, 100, float("nan")) and not a.observe(0, 100, 0.01)
