@@ -130,18 +130,18 @@ MAD_SIGMA = 1.4826  # the median absolute deviation's scale to a normal sigma (a
 class RoundCostEstimator:
     """Weighted least squares over measured forwards, regularised towards a prior.
 
-    Solves min sum_i w_i (y_i - x_i.t)^2 + n0 * |t - t0|^2 in scaled features
-    x = (1, tokens/1024, rows/8, pairs/1e6) (t0's alpha left out of the penalty): the prior
-    counts like `prior_rounds` rounds that pin each FLOP-derived coefficient (beta, gamma,
-    delta), so directions the observed rounds do not span (e.g. every round had the same row
-    count) stay at the prior; alpha, the prior's assumption, has no prior weight: a measured
-    level is alpha's. Observations decay by `forget` per round (recent hardware state wins;
-    ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is
-    ignored, and one beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the
-    median absolute residual of the last `window` observations, rejected ones included, so a
-    genuine level shift (a wrong prior) is accepted from its `settle`-th forward while a lone
-    outlier (first CUDA graph capture, a stall) never moves the fit. Deterministic: the same
-    observations in the same order give the same fit.
+    Solves min sum_i w_i (y_i - x_i.t)^2 + n0 * |t - t0|^2 in scaled features x = (1,
+    tokens/1024, rows/8, pairs/1e6), t >= 0 (`_solve_nonneg`; t0's alpha left out of the
+    penalty): the prior counts like `prior_rounds` rounds that pin each FLOP-derived coefficient
+    (beta, gamma, delta), so directions the observed rounds do not span (e.g. every round had
+    the same row count) stay at the prior; alpha, the prior's assumption, has no prior weight: a
+    measured level is alpha's. Observations decay by `forget` per round (recent hardware state
+    wins; ~500 rounds). Robustness: a residual beyond `reject` robust sigmas is ignored, and one
+    beyond `huber` sigmas is down-weighted (Huber). Sigma is 1.4826 x the median absolute
+    residual of the last `window` observations, rejected ones included, so a genuine level shift
+    (a wrong prior) is accepted from its `settle`-th forward while a lone outlier (first CUDA
+    graph capture, a stall) never moves the fit. Deterministic: the same observations in the
+    same order give the same fit.
 
     `trusted`: the fit predicted the recent forwards (median over the last `settle`) within a
     factor `1 + trust`. `decision_coeffs` is what a decision reads: the fit while trusted,
