@@ -145,6 +145,10 @@ SETTINGS: tuple[Setting, ...] = (
             "forward, as every wait decision prices it; default: measured (the median wall "
             "period less the forward over the last 32 prefill rounds). Pin it to make "
             "decisions independent of host load", low=0, high=60_000, unit=" ms"),
+    Setting("arrival_rate", float, None, "the request arrival rate (per second) the wait rule "
+            "prices; default: measured (new queue entries over the last 5 s, rank 0's clock). "
+            "Pin it, with --radixflow-round-overhead-ms, to make decisions independent of the "
+            "clients' timing", low=0, high=1e6, unit="/s"),
     Setting("sim_profile", str, DEFAULT_PROFILE, "the simulated executor's round cost "
             "(radixflow_sglang/profiles.py): box (5 ms + 2 us/token + 0.1 ms/row) or paper (the "
             "served model's A800 rounds, the paper's Table 9: 0.8B 42.6 ms + 7.1 us/token); "
@@ -158,7 +162,8 @@ LAUNCHER_SETTINGS: tuple[Setting, ...] = (
 BY_FIELD = {s.field: s for s in SETTINGS + LAUNCHER_SETTINGS}
 # NOTE: what an unset setting means, for the start-up line when the model is not known yet (the
 # plugin starts before SGLang reads the model): never the bare word "default"
-UNSET_MEANS = {"theta": f"max(G,{THETA_FLOOR})", "trace": "off", "round_overhead_ms": "measured"}
+UNSET_MEANS = {"theta": f"max(G,{THETA_FLOOR})", "trace": "off", "round_overhead_ms": "measured",
+               "arrival_rate": "measured"}
 FIELD_NAMES = {s.field: f"RadixFlowConfig.{s.field}" for s in SETTINGS}
 FLAG_NAMES = {s.field: s.flag for s in SETTINGS + LAUNCHER_SETTINGS}
 VAR_NAMES = {s.field: s.var for s in SETTINGS}
@@ -179,6 +184,7 @@ class RadixFlowConfig:
     chat_boundary: str = "off"  # the chat system message as a declared boundary
     drain_timeout: float = 30.0  # seconds a SIGTERM drain waits before aborting (adapter/drain.py)
     round_overhead_ms: float | None = None  # a round's host overhead, pinned (None: measured)
+    arrival_rate: float | None = None  # the wait rule's arrival rate, pinned (None: measured)
     sim_profile: str = DEFAULT_PROFILE  # the simulated executor's cost profile (profiles.py)
 
     def __post_init__(self) -> None:

@@ -7,7 +7,10 @@ eviction) calls `_release_aborted_request`, where RadixFlow now forgets the requ
 per-request record ends with its request (`radixflow.records` reads zeros when idle).
 
 Deterministic: the forward gate (radixflow_sglang/testing/gate.py) holds each wave's producer
-forward until the test has seen who is parked and has aborted them; no sleeps."""
+forward until the test has seen who is parked and has aborted them; no sleeps. The wave's
+requests enter the queue one at a time, in order, and the wait rule's clock-derived inputs are
+pinned (`--radixflow-round-overhead-ms`, `--radixflow-arrival-rate`): a busy host moves neither
+the queue's order nor any decision."""
 
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ def server(request, tmp_path_factory):
     env.pop("RADIXFLOW_POLICY", None)
     cmd = [sys.executable, "-m", "radixflow_sglang.launch_server", "--host", "127.0.0.1",
            "--port", str(port), "--disable-overlap-schedule", "--radixflow-admission-ms", "50",
-           "--radixflow-round-overhead-ms", "0", *LAYOUTS[request.param]]
+           "--radixflow-round-overhead-ms", "0", "--radixflow-arrival-rate", "0",
+           *LAYOUTS[request.param]]
     with Server(cmd, env, tmp / "server.log", port, cwd=ROOT) as srv:
         srv.wait_ready(600)  # NOTE: a hang bound
         gate = GateControl(tmp / "gate", alive=lambda: srv.check_alive("while a test waits"))
@@ -65,10 +69,10 @@ def _wave(s, w: int, results: dict) -> list[str]:
     s.gate.close()
     threads = [_send(s, f"w{w}-blocker", list(range(150_000 + w, 150_100 + w)), 1, results)]
     blocker = s.gate.wait(lambda st: f"w{w}-blocker" in st["batch"], "the blocker's forward")
-    threads += [_send(s, rid, x, (10, 50, 100)[i % 3], results)
-                for i, (rid, x) in enumerate(ids.items())]
-    s.gate.wait(lambda st: set(ids) <= set(st["waiting"]) or set(results) & set(ids),
-                f"wave {w} queued")
+    for i, (rid, x) in enumerate(ids.items()):  # NOTE: in order: the queue's order is fixed
+        threads.append(_send(s, rid, x, (10, 50, 100)[i % 3], results))
+        s.gate.wait(lambda st, rid=rid: rid in st["waiting"] or set(results) & set(ids),
+                    f"{rid} queued")
     assert not set(results) & set(ids), results  # NOTE: none answered before its round
     s.gate.release(blocker["forward"])
     prod = s.gate.wait(lambda st: st["forward"] > blocker["forward"], "the producers' forward")

@@ -118,3 +118,28 @@ def test_the_kits_runtime_reads_a_virtual_clock(make_kit):
     k.step()
     k.runtime.observe_forward(1, 4000, 0.05)  # NOTE: a server's forward hook shares the rate
     assert k.runtime.roundcost.arrival_rate == 8.0
+
+
+def test_kit_a_pinned_arrival_rate_is_what_every_rank_prices(make_kit):
+    """--radixflow-arrival-rate: the wait rule reads the pinned rate whatever the clients'
+    timing (the same four arrivals read 8 per second measured, above); it still rides rank 0's
+    broadcast, so every rank prices rank 0's value."""
+    from radixflow_sglang.adapter.runtime import RadixFlowConfig
+
+    k = make_kit("qwen3.5-4b", "extra_buffer", "radixflow",
+                 radixflow_config=RadixFlowConfig(arrival_rate=0.0))
+    shared: list[tuple] = []
+    k.runtime.roundcost.share_forward = lambda *v: (shared.append(v), v)[1]
+    k.submit(*[_lone(k, f"r{i}", 1000 * (i + 1)) for i in range(4)])
+    k.step()
+    k.runtime.observe_forward(1, 4000, 0.05)
+    assert shared[-1][-1] == 0.0 and k.runtime.roundcost.arrival_rate == 0.0
+    assert k.runtime.roundcost.arrivals.rate(k.clock()) == 8.0  # NOTE: still measured
+
+
+def test_the_arrival_rate_flag_names_itself_and_its_range():
+    from radixflow_sglang.config import ConfigError, config_from_env
+
+    assert config_from_env({"RADIXFLOW_ARRIVAL_RATE": "2.5"}).arrival_rate == 2.5
+    with pytest.raises(ConfigError, match="RADIXFLOW_ARRIVAL_RATE.*outside the allowed range"):
+        config_from_env({"RADIXFLOW_ARRIVAL_RATE": "-1"})

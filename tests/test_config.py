@@ -59,7 +59,8 @@ def test_the_config_is_frozen_and_checked_when_built() -> None:
 
 def test_environment_round_trip_for_every_setting(tmp_path) -> None:
     cfg = RadixFlowConfig(policy="radixflow-frag", admission_ms=2.5, theta=300, park_margin=0,
-                          frag_cap=7, trace=str(tmp_path / "t.jsonl"), round_overhead_ms=12.5)
+                          frag_cap=7, trace=str(tmp_path / "t.jsonl"), round_overhead_ms=12.5,
+                          arrival_rate=3.0)
     env = {k: v for k, v in cfg.to_env().items() if v is not None}
     assert set(env) == {s.var for s in SETTINGS}
     assert config_from_env(env) == cfg

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from radixflow_sglang.core.admission import ArrivalRate
 from radixflow_sglang.core.cost import CostCoeffs, LaunchPeriods, RoundCostEstimator
 
 from .agreement import local_share
 from .trace import Trace
+
+if TYPE_CHECKING:
+    from radixflow_sglang.config import RadixFlowConfig
 
 
 def _finite(x: float) -> float | None:
@@ -24,11 +28,13 @@ def _finite(x: float) -> float | None:
 class RoundCost:
     """`rated`: the cost-aware rule runs (it reads the arrival rate and the agreed clock);
     `lag`: the traversal's publish lag (overlap hides host time behind the forward);
-    `overhead_ms`: --radixflow-round-overhead-ms, the fit's pinned wall overhead."""
+    `cfg`'s pins: `round_overhead_ms` (--radixflow-round-overhead-ms), the fit's wall
+    overhead; `arrival_rate` (--radixflow-arrival-rate), the rate the wait rule reads."""
 
-    def __init__(self, prior: CostCoeffs, overhead_ms: float | None, *, rated: bool, lag: int,
+    def __init__(self, prior: CostCoeffs, cfg: RadixFlowConfig, *, rated: bool, lag: int,
                  clock: Callable[[], float], trace: Trace, metrics=None) -> None:
-        self.overhead_ms, self.rated, self.lag = overhead_ms, rated, lag
+        self.overhead_ms, self.rated, self.lag = cfg.round_overhead_ms, rated, lag
+        self.pinned_rate = cfg.arrival_rate
         self.clock, self.trace, self.metrics = clock, trace, metrics
         self.fit = self._estimator(prior)
         # NOTE: a server's loop feeds its launches (adapter/scheduler.py); the kit feeds none
@@ -82,7 +88,8 @@ class RoundCost:
         values = (seconds,) + (() if host is None else (host,)) + (period or ())
         if self.rated:
             now = self.clock()
-            values += (now, self.arrivals.rate(now))
+            rate = self.arrivals.rate(now) if self.pinned_rate is None else self.pinned_rate
+            values += (now, rate)
         agreed = iter(self.share_forward(*values))
         seconds = float(next(agreed))
         if host is not None:

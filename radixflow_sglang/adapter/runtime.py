@@ -91,9 +91,9 @@ class RadixFlowRuntime:
         self.theta = tcfg.theta  # NOTE: the resolved default, for /server_info
         self.traversal = Traversal(tcfg) if self.spec.traversal else None
         self.trace = Trace(cfg.trace)
-        self.roundcost = RoundCost(prior or GENERIC_PRIOR, cfg.round_overhead_ms,
+        self.roundcost = RoundCost(prior or GENERIC_PRIOR, cfg, lag=tcfg.lag,
                                    rated=self.spec.cost_aware and self.traversal is not None,
-                                   lag=tcfg.lag, clock=clock, trace=self.trace, metrics=metrics)
+                                   clock=clock, trace=self.trace, metrics=metrics)
         # NOTE: the hold's bursts, whose heads the records drop with their request
         followers = Followers() if self.spec.admission else None
         self.records = Records(self.traversal, self._publisher(reuse), clock, followers)
