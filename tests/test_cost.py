@@ -1141,6 +1141,7 @@ def test_the_trace_is_written_once_per_scan_not_once_per_event(make_kit, tmp_pat
     """A burst scan emits an event per visit; the trace is block-buffered (a line-buffered file
     wrote each event, ~100 writes a no_buffer burst scan on the live loop) and flushed at each
     scan's end, so a reader sees every finished scan's events while the server runs."""
+    import io
     import json
 
     from radixflow_sglang.adapter.runtime import RadixFlowConfig
@@ -1148,7 +1149,7 @@ def test_the_trace_is_written_once_per_scan_not_once_per_event(make_kit, tmp_pat
     trace = tmp_path / "trace.jsonl"
     k = make_kit("qwen3.5-4b", "no_buffer", "radixflow",
                  radixflow_config=RadixFlowConfig(policy="radixflow", trace=str(trace)))
-    assert not k.runtime.trace.file.line_buffering
+    assert isinstance(k.runtime.trace.file, io.BufferedWriter)  # NOTE: bytes, never per line
     doc = list(range(10_000, 12_000))
     k.submit(*[k.req(f"q{i}", doc + list(range(50_000 + 100 * i, 50_000 + 100 * i + 40)))
                for i in range(6)])

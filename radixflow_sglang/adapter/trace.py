@@ -1,13 +1,17 @@
 """Trace: the runtime's decision trace, one JSON event a line (--radixflow-trace).
 
 Block-buffered and flushed once per scan and per forward (`flush`): a line-buffered trace
-made a write per event, ~100 per no_buffer burst scan, exposed on the live loop.
+made a write per event, ~100 per no_buffer burst scan, exposed on the live loop. Encoded with
+orjson (SGLang's own dependency): `json.dumps` cost ~10 us an event, 170-240 us a queue-16
+scan, which every traced live arm paid and stock did not. Standard JSON: a non-finite number
+(an unknown age, `older_by`) is written as null, where `json.dumps` wrote `Infinity`.
 """
 
 from __future__ import annotations
 
-import json
 from typing import IO, TYPE_CHECKING
+
+import orjson
 
 from radixflow_sglang.core.grid import Grid
 
@@ -17,14 +21,17 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
 TRACE_BUFFER = 1 << 16  # bytes of trace events held between flushes (a burst scan's ~15 KB)
+# NOTE: an enum as its value, a non-str key (a depth) as its text, numpy numbers as numbers,
+# anything else as str()
+_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 
 
 class Trace:
     """Events to `path` (None: tracing off, `on` False and every call a no-op)."""
 
     def __init__(self, path: str | None) -> None:
-        self.file: IO[str] | None = (
-            open(path, "a", buffering=TRACE_BUFFER) if path else None)  # noqa: SIM115
+        self.file: IO[bytes] | None = (
+            open(path, "ab", buffering=TRACE_BUFFER) if path else None)  # noqa: SIM115
         self.dp_rank: int | None = None  # set in a DP server: its ranks append to one trace
 
     @property
@@ -36,7 +43,7 @@ class Trace:
         if self.file is not None:
             if self.dp_rank is not None:
                 record = {"dp_rank": self.dp_rank, **record}
-            self.file.write(json.dumps(record, default=str) + "\n")
+            self.file.write(orjson.dumps(record, default=str, option=_OPTIONS))
 
     def flush(self) -> None:
         """The events so far to the file (a reader sees whole scans and forwards)."""
