@@ -66,12 +66,17 @@ def optimal_placement(depths: Sequence[int], weights: Sequence[float], m: int,
     mass = Counter()
     for d, w in zip(depths, weights, strict=True):
         mass[d] += w
-    # tail[i]: mass of overlaps >= pts[i]
-    tail = [0.0] * (len(pts) + 1)
-    for i in range(len(pts) - 1, -1, -1):
-        tail[i] = tail[i + 1] + sum(w for d, w in mass.items() if pts[i] <= d
-                                    and (i + 1 == len(pts) or d < pts[i + 1]))
+    # tail[i]: mass of overlaps >= pts[i] (each pts[i] is one distinct depth of `mass`)
     n = len(pts)
+    tail = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        tail[i] = tail[i + 1] + mass[pts[i]]
+    if m == 1:
+        # NOTE: one state (every call PLACE makes, per selected request): of the best depths
+        # the shallowest, as the table below picks it, without building the table
+        values = [(pts[i] - base) * tail[i] for i in range(n)]
+        i = values.index(max(values))
+        return [pts[i]], values[i]
     neg = float("-inf")
     # best[k][i]: best reuse with k states, the deepest at pts[i] (states at shallower depths)
     best = [[neg] * n for _ in range(m + 1)]
