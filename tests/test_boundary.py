@@ -114,13 +114,10 @@ def test_optimal_placement_matches_brute_force():
             assert got == pytest.approx(value) and len(chosen) <= m
 
 
-def _placement_before(depths, weights, m, base=0):
-    """optimal_placement as it was before its O(N) tail and one-state path (14ec18b)."""
+def _tails_before(pts, depths, weights):
+    """`_tails` as it was before 9d4149b: each candidate's mass summed by a scan of all."""
     from collections import Counter
 
-    pts = sorted({d for d in depths if d > base})
-    if m <= 0 or not pts:
-        return [], 0.0
     mass = Counter()
     for d, w in zip(depths, weights, strict=True):
         mass[d] += w
@@ -128,38 +125,28 @@ def _placement_before(depths, weights, m, base=0):
     for i in range(len(pts) - 1, -1, -1):
         tail[i] = tail[i + 1] + sum(w for d, w in mass.items() if pts[i] <= d
                                     and (i + 1 == len(pts) or d < pts[i + 1]))
-    n, neg = len(pts), float("-inf")
-    best = [[neg] * n for _ in range(m + 1)]
-    prev = [[None] * n for _ in range(m + 1)]
-    for i in range(n):
-        best[1][i] = (pts[i] - base) * tail[i]
-    for k in range(2, m + 1):
-        for i in range(n):
-            for j in range(i):
-                v = best[k - 1][j] + (pts[i] - pts[j]) * tail[i]
-                if v > best[k][i]:
-                    best[k][i], prev[k][i] = v, j
-    k_best, i_best = max(((k, i) for k in range(1, m + 1) for i in range(n)),
-                         key=lambda ki: (best[ki[0]][ki[1]], -ki[0]))
-    chosen, k, i = [], k_best, i_best
-    while i is not None and k >= 1:
-        chosen.append(pts[i])
-        i, k = prev[k][i], k - 1
-    return sorted(chosen), best[k_best][i_best]
+    return tail
 
 
 def test_optimal_placement_picks_what_it_picked_before_bit_for_bit():
-    """A refactor (the one-state path PLACE takes per selected request): the same depths and
-    the same float value, ties (integer weights) included, any base and state count."""
+    """A refactor (the one-state path PLACE takes per selected request): the same tail masses
+    as the scan they replace, and the one-state path the same depth and float value as the
+    table, ties (integer weights) included, any base."""
+    from radixflow_sglang.core.boundary import _table, _tails
+
     rng = random.Random(11)
     for _ in range(3000):
         n = rng.randrange(1, 9)
         depths = [rng.randrange(0, 40) * 16 for _ in range(n)]
         weights = ([float(rng.randrange(0, 4)) for _ in range(n)] if rng.random() < 0.5
                    else [rng.random() * rng.choice((1, 1e-3, 64)) for _ in range(n)])
-        base, m = rng.choice((0, 0, 64, 200)), rng.choice((1, 1, 2, 3))
-        assert optimal_placement(depths, weights, m, base) == _placement_before(
-            depths, weights, m, base)
+        base = rng.choice((0, 0, 64, 200))
+        pts = sorted({d for d in depths if d > base})
+        if not pts:
+            continue
+        tail = _tails(pts, depths, weights)
+        assert tail == _tails_before(pts, depths, weights)
+        assert optimal_placement(depths, weights, 1, base) == _table(pts, tail, 1, base)
 
 
 def test_learner_moves_to_a_fork_depth_only_when_it_serves_more():

@@ -63,21 +63,31 @@ def optimal_placement(depths: Sequence[int], weights: Sequence[float], m: int,
     pts = sorted({d for d in depths if d > base})
     if m <= 0 or not pts:
         return [], 0.0
+    tail = _tails(pts, depths, weights)
+    if m == 1:
+        # NOTE: one state (every call PLACE makes, per selected request): of the best depths
+        # the shallowest, as `_table` picks it, without building the table
+        values = [(p - base) * t for p, t in zip(pts, tail, strict=False)]
+        i = values.index(max(values))
+        return [pts[i]], values[i]
+    return _table(pts, tail, m, base)
+
+
+def _tails(pts: list[int], depths: Sequence[int], weights: Sequence[float]) -> list[float]:
+    """tail[i]: the mass of overlaps >= pts[i] (`pts`: the distinct depths past the base,
+    sorted; one more entry, 0)."""
     mass = Counter()
     for d, w in zip(depths, weights, strict=True):
         mass[d] += w
-    # tail[i]: mass of overlaps >= pts[i] (each pts[i] is one distinct depth of `mass`)
-    n = len(pts)
-    tail = [0.0] * (n + 1)
-    for i in range(n - 1, -1, -1):
-        tail[i] = tail[i + 1] + mass[pts[i]]
-    if m == 1:
-        # NOTE: one state (every call PLACE makes, per selected request): of the best depths
-        # the shallowest, as the table below picks it, without building the table
-        values = [(pts[i] - base) * tail[i] for i in range(n)]
-        i = values.index(max(values))
-        return [pts[i]], values[i]
-    neg = float("-inf")
+    tail = [0.0] * (len(pts) + 1)
+    for i in range(len(pts) - 1, -1, -1):
+        tail[i] = tail[i + 1] + mass[pts[i]]  # NOTE: each pts[i] is one depth of `mass`
+    return tail
+
+
+def _table(pts: list[int], tail: list[float], m: int, base: int) -> tuple[list[int], float]:
+    """`optimal_placement`'s dynamic program over `pts` and their `tail` masses."""
+    n, neg = len(pts), float("-inf")
     # best[k][i]: best reuse with k states, the deepest at pts[i] (states at shallower depths)
     best = [[neg] * n for _ in range(m + 1)]
     prev: list[list[int | None]] = [[None] * n for _ in range(m + 1)]
