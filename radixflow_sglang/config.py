@@ -147,8 +147,9 @@ SETTINGS: tuple[Setting, ...] = (
             "decisions independent of host load", low=0, high=60_000, unit=" ms"),
     Setting("arrival_rate", float, None, "the request arrival rate (per second) the wait rule "
             "prices; default: measured (new queue entries over the last 5 s, rank 0's clock). "
-            "Pin it, with --radixflow-round-overhead-ms, to make decisions independent of the "
-            "clients' timing", low=0, high=1e6, unit="/s"),
+            "Pin it, with --radixflow-round-overhead-ms, to make the wait rule's decisions "
+            "independent of the clients' timing (the hold's deadline still reads the clock)",
+            low=0, high=1e6, unit="/s"),
     Setting("sim_profile", str, DEFAULT_PROFILE, "the simulated executor's round cost "
             "(radixflow_sglang/profiles.py): box (5 ms + 2 us/token + 0.1 ms/row) or paper (the "
             "served model's A800 rounds, the paper's Table 9: 0.8B 42.6 ms + 7.1 us/token); "
