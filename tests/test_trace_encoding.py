@@ -20,7 +20,7 @@ def test_events_read_back_as_the_values_emitted(tmp_path):
             "reason": Reason.WAIT_WINS, "fork": True, "ready": None})
     t.emit({"event": "decide", "wait_s": 0.16177637727976174, "hits": (1, 2),
             "by_depth": {1024: 2}, "np": np.float64(0.25), "n": np.int64(7),
-            "older_by": math.inf, "path": Path("/tmp/x")})
+            "older_by": math.inf, "period_s": math.nan, "path": Path("/tmp/x")})
     t.flush()
     lines = path.read_bytes().splitlines()
     assert len(lines) == 2
@@ -29,7 +29,7 @@ def test_events_read_back_as_the_values_emitted(tmp_path):
                     "reason": "wait_wins", "fork": True, "ready": None}
     assert decide["wait_s"] == 0.16177637727976174 and decide["hits"] == [1, 2]
     assert decide["by_depth"] == {"1024": 2} and decide["np"] == 0.25 and decide["n"] == 7
-    assert decide["older_by"] is None  # NOTE: standard JSON has no Infinity
+    assert decide["older_by"] is None and decide["period_s"] is None  # NOTE: nor NaN
     assert decide["path"] == "/tmp/x"  # NOTE: anything else as its str()
 
 

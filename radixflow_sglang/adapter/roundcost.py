@@ -7,7 +7,6 @@ broadcast. Lives across scans; the runtime prices decisions with `fit`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -19,10 +18,6 @@ from .trace import Trace
 
 if TYPE_CHECKING:
     from radixflow_sglang.config import RadixFlowConfig
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None  # NOTE: JSON has no NaN
 
 
 class RoundCost:
@@ -97,7 +92,8 @@ class RoundCost:
         if period is not None:
             p, f = float(next(agreed)), float(next(agreed))
             self.fit.observe_period(p, f)
-            extra |= {"period_s": _finite(p), "period_forward_s": _finite(f),
+            # NOTE: an unknown period (NaN) is traced as null (adapter/trace.py)
+            extra |= {"period_s": p, "period_forward_s": f,
                       "wall_s": self.fit.wall_s}  # NOTE: what decisions add to a round now
         if self.rated:
             self.agreed_now, self.arrival_rate = (float(v) for v in agreed)

@@ -4,7 +4,8 @@ Block-buffered and flushed once per scan and per forward (`flush`): a line-buffe
 made a write per event, ~100 per no_buffer burst scan, exposed on the live loop. Encoded with
 orjson (SGLang's own dependency): `json.dumps` cost ~10 us an event, 170-240 us a queue-16
 scan, which every traced live arm paid and stock did not. Standard JSON: a non-finite number
-(an unknown age, `older_by`) is written as null, where `json.dumps` wrote `Infinity`.
+(an unknown age, `older_by`; an unknown period, NaN) is written as null, where `json.dumps`
+wrote `Infinity` (and callers converted NaN themselves).
 """
 
 from __future__ import annotations
