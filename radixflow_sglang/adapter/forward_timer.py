@@ -5,8 +5,8 @@ On a GPU: CUDA timing events recorded on the scheduler's forward stream right be
 processed (`process_batch_result`, after SGLang's own copy_done wait), so the figure is the
 forward from launch to result ready, honest under overlap scheduling (the start event fires
 only when the previous batch's work on that stream is done). The simulated executor
-(adapter/simulated.py) reports its simulated time on the result; on any other CPU worker the
-wall time of the (synchronous) call is used.
+(adapter/simulated.py) reports its simulated time on the result, and when it is ready; on any
+other CPU worker the wall time of the (synchronous) call is used.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 
 SIM_ATTR = "radixflow_forward_s"  # set by SimulatedWorker on its results
+READY_ATTR = "radixflow_ready_at"  # and the perf_counter time its forward is done
+SPAN_ATTR = "radixflow_forward_span_s"  # and its launch to that time (a queued wait included)
 _EVENTS = "_radixflow_events"
 _WALL = "_radixflow_wall_s"
 
@@ -55,9 +57,13 @@ def seconds(result) -> float:
 
 
 def loop_seconds(result) -> float:
-    """The forward's share of the loop's wall period (core/cost.py LaunchPeriods): on CPU the
-    synchronous call's wall time (a simulated forward's sleep, and whatever it waited on, are
-    the forward's, not the host's), on a GPU the CUDA events' time."""
+    """The forward's share of the loop's wall period (core/cost.py LaunchPeriods): a simulated
+    forward's launch to ready (a test gate's hold and a wait behind the forward before it are
+    the forward's, not the host's), on another CPU worker the synchronous call's wall time, on
+    a GPU the CUDA events' time."""
+    span = getattr(result, SPAN_ATTR, None)
+    if span is not None:
+        return float(span)
     wall = getattr(result, _WALL, None)
     return float(wall) if wall is not None else seconds(result)
 

@@ -5,7 +5,12 @@ scheduler process and its event loop, the radix cache and the memory pools. Only
 that `Scheduler.init_tp_model_worker` (managers/scheduler.py) builds is replaced: instead of a
 TpModelWorker -> ModelRunner (model load, attention backends, CUDA graphs) the scheduler gets a
 `SimulatedWorker` that builds SGLang's real pools on CPU from the model config and, per
-forward, sleeps a cost-model time and emits one deterministic token per request.
+forward, emits one deterministic token per request and a cost-model time.
+
+The forward is asynchronous, as a GPU's is: the worker call returns at once, and the loop
+waits for the forward where SGLang waits for a GPU's (the result processor's `copy_done`
+sync, `_SimDevice`). Host work between the launch and that point (the rest of `run_batch`;
+under overlap scheduling the next pass's scan) runs while the forward "runs".
 
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python -m radixflow_sglang.adapter.simulated \
         --model-path radixflow_sglang/model_dirs/qwen3.5-0.8b --load-format dummy --device cpu \
@@ -32,7 +37,7 @@ from types import SimpleNamespace
 from radixflow_sglang import profiles
 
 from . import check_sglang_version, sim_outputs
-from .forward_timer import SIM_ATTR
+from .forward_timer import READY_ATTR, SIM_ATTR, SPAN_ATTR
 from .pools import cpu_pools
 from .witness import Witness, witness_metrics
 
@@ -42,6 +47,9 @@ import sglang.srt.managers.scheduler as _sched_mod  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.configs.hybrid_arch import mambaish_config  # noqa: E402
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang.srt.managers.scheduler_components.batch_result_processor import (  # noqa: E402
+    SchedulerBatchResultProcessor as _PROCESSOR,
+)
 from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
 from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (  # noqa: E402
@@ -91,7 +99,57 @@ def run_scheduler_process_simulated(*args, **kwargs):
     # (.sim_cost), the forwards' token counts (.simulated) and SGLang's idle leak check,
     # answered (.pools), under every policy.
     _UPSTREAM_SCHEDULER.get_internal_state = _with_witness(_UPSTREAM_SCHEDULER.get_internal_state)
+    wait_where_sglang_syncs()
     return _UPSTREAM_RUN(*args, **kwargs)
+
+
+SYNCED = ("process_batch_result_prefill", "process_batch_result_decode",
+          "process_batch_result_idle")
+
+
+def wait_where_sglang_syncs() -> None:
+    """PATCH 5: scheduler_components/batch_result_processor.py process_batch_result_{prefill,
+    decode,idle} begin with `result.copy_done.synchronize()` (overlap) or read the GPU's
+    tokens (`.tolist()`): where a GPU server's loop first waits for the forward. The simulated
+    forward's time is waited for there (`wait_ready`), under every policy. Idempotent."""
+    for name in SYNCED:
+        upstream = getattr(_PROCESSOR, name)
+        if not getattr(upstream, "_radixflow_waits", False):
+            setattr(_PROCESSOR, name, _after_forward(upstream))
+
+
+def _after_forward(upstream):
+    def process(self, batch, result, *args, **kwargs):
+        wait_ready(result)
+        return upstream(self, batch, result, *args, **kwargs)
+
+    process._radixflow_waits = True
+    process.__wrapped__ = upstream
+    return process
+
+
+def wait_ready(result, clock=time.perf_counter, sleep=time.sleep) -> float:
+    """Sleep until a simulated forward's result is ready (`READY_ATTR`, the clock's reading);
+    the seconds slept (0 for a result that is ready or is no simulated forward's)."""
+    ready = getattr(result, READY_ATTR, None)
+    left = 0.0 if ready is None else ready - clock()
+    if left > 0:
+        sleep(left)
+    return max(left, 0.0)
+
+
+class _SimDevice:
+    """The one device the simulated forwards run on, in launch order (a GPU stream's): a
+    forward starts when it is launched or when the one before it ends, whichever is later,
+    and takes its cost-model time. Pure: the caller passes the clock's readings."""
+
+    def __init__(self) -> None:
+        self.free_at = float("-inf")
+
+    def launch(self, now: float, cost: float) -> float:
+        """The time a forward launched at `now` is ready."""
+        self.free_at = max(now, self.free_at) + cost
+        return self.free_at
 
 
 def _with_witness(upstream):
@@ -212,6 +270,7 @@ class SimulatedWorker(TpModelWorker):
         self.enable_spec = False
         self.hicache_layer_transfer_counter = None
         self.cost = CostModel(server_args.model_path)
+        self.device_queue = _SimDevice()
         self.vocab = self.model_config.vocab_size
         self.witness: Witness | None = None  # built on the first forward (the pools exist then)
         # NOTE: what the forwards computed (internal_states[i].simulated): prefill tokens are
@@ -231,9 +290,10 @@ class SimulatedWorker(TpModelWorker):
     gate = None  # a testing.gate.ForwardGate when RADIXFLOW_SIM_GATE is set
 
     def forward_batch_generation(self, batch, forward_batch=None, **_kw):
+        t0 = time.perf_counter()  # NOTE: the launch: a gate's hold below is the forward's time
         if self.gate is not None:
             self.gate.hold(batch)
-        t0 = time.perf_counter()
+        start = time.perf_counter()
         reqs = batch.reqs
         tokens = int(batch.extend_num_tokens) if batch.forward_mode.is_extend() else len(reqs)
         self._count(batch.forward_mode.is_extend(), tokens)
@@ -249,12 +309,12 @@ class SimulatedWorker(TpModelWorker):
                            on_final=lambda final: witness.amend(batch, ids, final))
         witness.publish_metrics()
         cost = self.cost(tokens, len(reqs))
-        left = cost - (time.perf_counter() - t0)
-        if left > 0:
-            time.sleep(left)
+        # NOTE: the witness's own CPU time is inside the forward's (it starts at `start`)
+        ready = self.device_queue.launch(start, cost)
         setattr(result, SIM_ATTR, cost)  # NOTE: the forward's duration, for the round-cost fit
+        setattr(result, READY_ATTR, ready)  # NOTE: waited for where SGLang syncs (PATCH 5)
+        setattr(result, SPAN_ATTR, ready - t0)  # NOTE: launch to ready, the loop's forward
         return result
-
 
     def _count(self, extend: bool, tokens: int) -> None:
         if extend:
