@@ -324,3 +324,41 @@ def test_kit_a_burst_longer_than_the_deadline_runs_in_one_round_once_learned():
         clock.t = t0 + 1.0
     assert rounds[0] == 2 and waited[0] == 0.0  # NOTE: nothing learned: the head runs alone
     assert rounds[-1] == 1 and waited[-1] == pytest.approx(0.006), (rounds, waited)
+
+
+def test_under_overlap_a_head_counts_what_comes_while_its_round_runs():
+    """The overlap loop passes again right after a launch, while the forward runs: a
+    selected head's count closes at the first pass after its round is processed (not in
+    flight), so what registers during the forward still counts (without overlap nothing is
+    in flight at a pass: the first pass after the round closes it, as before)."""
+    for overlap in (False, True):
+        f = Followers()
+        t = 0.0
+        for i in range(4):
+            t += 1.0
+            f.arrived(f"h{i}", ("ns", i), t)
+            f.passed(t)
+            f.selected(f"h{i}")
+            f.passed(t + 0.001, {f"h{i}"} if overlap else ())  # the pass after the launch
+            f.arrived(f"h{i}.0", ("ns", i), t + 0.020)  # during the forward
+            f.passed(t + 0.020, {f"h{i}"} if overlap else ())
+            f.passed(t + 0.045)  # processed
+        f.arrived("q", ("ns", "q"), 10.0)
+        e = f.expect(("ns", "q"), 10.0, 0.005, 0.005)
+        assert e.more == (1.0 if overlap else 0.0), overlap
+    assert f.running() == 0
+
+
+def test_a_new_head_of_the_key_ends_the_count_of_one_still_running():
+    f = Followers()
+    f.arrived("a", ("ns", 0), 0.0)
+    f.passed(0.0)
+    f.selected("a")
+    f.arrived("b", ("ns", 0), 0.010)  # during a's forward: a's follower, and a head
+    f.passed(0.010, {"a"})
+    f.selected("b")  # under overlap, b's round launches while a's runs
+    assert f.running() == 1
+    f.passed(0.050, {"b"})
+    assert f.running() == 1  # a's count closed (learned: one follower), b's runs on
+    f.arrived("q", ("ns", 1), 1.0)
+    assert f.expect(("ns", 1), 1.0, 0.005, 0.005).more == 1.0

@@ -27,7 +27,7 @@ from radixflow_sglang.core.cost import CostCoeffs
 from radixflow_sglang.core.reasons import Reason
 from radixflow_sglang.core.stats import RequestStats
 
-from .reqs import namespace, req_len, round_budget
+from .reqs import inflight_reqs, namespace, req_len, round_budget
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -83,10 +83,11 @@ class AdmissionHold:
         queue = sched.waiting_queue
         now = self.clock()
         if not queue:
-            self.followers.passed(now)
+            self.followers.passed(now, self._in_flight(sched))
             return False
         fresh = self._fresh(queue, now)
-        self.followers.passed(now)  # NOTE: after this pass's arrivals counted as followers
+        # NOTE: after this pass's arrivals counted as followers
+        self.followers.passed(now, self._in_flight(sched))
         if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
         head = min(fresh, key=lambda r: self.requests[r.rid].seq)
@@ -105,6 +106,13 @@ class AdmissionHold:
         if not demand.busy:
             self._wait(demand, now)
         return True
+
+    def _in_flight(self, sched: Scheduler) -> set[str]:
+        """The rids of prefill rounds launched and not processed (the overlap loop's; none
+        without overlap), asked only while a selected head's followers are counted."""
+        if not self.followers.running():
+            return set()
+        return {r.rid for r in inflight_reqs(sched)}
 
     def _fresh(self, queue, now: float) -> list[Req]:
         """The queued requests not yet eligible, each registered the pass it is first seen."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable
 from dataclasses import dataclass, field
 
 from radixflow_sglang.core.cost import CostCoeffs
@@ -191,17 +191,24 @@ class Followers:
         pass (what comes during its forward)."""
         key = self._heads.pop(rid, None)
         if key is not None:
+            older = self._running.get(key)
+            if older is not None:  # NOTE: overlap: its round still runs; the new head's counts
+                self._closed.append((tuple(older.spans), older.held))
             self._running[key] = self._open.pop(key)
 
-    def passed(self, now: float) -> None:
-        """A pass registered its arrivals: close the heads selected before it and those whose
-        burst came with them. NOTE: only a head alone at its own pass is ever asked (a burst
-        that came together is closed here, before the gate asks), so only such heads are
-        learned from: siblings that arrive together after a lone first one completes must not
-        make that lone one expect followers (issue 51: the sibling shape's p99)."""
-        for w in self._running.values():
+    def passed(self, now: float, in_flight: Container[str] = ()) -> None:
+        """A pass registered its arrivals: close the heads selected before it whose round is
+        no longer `in_flight` (its result processed), and those whose burst came with them.
+        NOTE: without overlap nothing is in flight at a pass, so a head closes at the first
+        pass after its round; under overlap the loop passes while the forward runs, and
+        what comes then still came during that forward. Only a head alone at its own pass is
+        ever asked (a burst that came together is closed here, before the gate asks), so
+        only such heads are learned from: siblings that arrive together after a lone first
+        one completes must not make that lone one expect followers (issue 51: the sibling
+        shape's p99)."""
+        for key in [k for k, w in self._running.items() if w.head not in in_flight]:
+            w = self._running.pop(key)
             self._closed.append((tuple(w.spans), w.held))
-        self._running.clear()
         together = [k for k, w in self._open.items()
                     if w.came == self._pass and w.spans and not w.held]
         for key in together:  # NOTE: closed unasked, unlearned
@@ -213,6 +220,10 @@ class Followers:
         """The scheduler looked for arrivals at `now` (a pass, or the end of a hold's wait on
         its socket, which an arrival ends): what registers later came after it."""
         self._seen = now
+
+    def running(self) -> int:
+        """Selected heads whose followers are still counted (their round not processed)."""
+        return len(self._running)
 
     def open(self) -> int:
         """Heads still queued whose followers are counted (0 once every request has left the
