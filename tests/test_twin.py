@@ -244,6 +244,28 @@ def test_overlap_hides_host_time_behind_the_running_forward():
     assert free.questions[0].latency_s == pytest.approx(3 * 0.01 + 20_000 * 1e-5 + 3e-3)
 
 
+def test_under_overlap_the_next_scan_comes_after_this_scans_host_time():
+    """The overlap loop's next pass runs once this pass's host work is done, while the forward
+    runs: a request that registers during a scan is scanned then, and its round queues behind
+    the running forward (before: the twin's next pass came at the scan's own time, saw
+    nothing, and waited out the forward)."""
+    from eval.workload import Branch, Question
+
+    cost = costmodel.CostModel(0.05, 1e-5, 1e-3)  # a forward much longer than a scan
+    host = _host()
+    qs = []
+    for i, at in enumerate((0.25, 0.2505)):  # the second comes during the first's scan
+        ids = list(range(1000 + 5000 * i, 2000 + 5000 * i))
+        qs.append(Question(f"q{i}", f"q{i}", (Branch(f"q{i}/A", ids, f"q{i}", 0),), 0, 0,
+                           arrival_s=at))
+    res = twin.run_arm([Segment("cold", "forward", tuple(qs))], MODEL, "stock", overlap=True,
+                       cost=cost, host=host)
+    first, second = res.rounds
+    assert first.scan_s == pytest.approx(0.25)
+    assert second.scan_s == pytest.approx(0.25 + first.host_s)  # the pass after the scan
+    assert second.start_s == pytest.approx(first.end_s)  # its host time hid behind the forward
+
+
 @pytest.mark.parametrize("argv,flag", [
     (["--model", "llama"], "--model"),
     (["--workload", "squad"], "--workload"),

@@ -11,7 +11,7 @@ Timeline (SGLang's `event_loop_normal` / `event_loop_overlap`, scheduler.py)
   overlap the step processes the round just launched, so `now` moves to its end and the host
   time adds to the round; with overlap it processes the previous round, so `now` moves to that
   one's end and the host time hides behind the forward still running (as the overlap loop
-  does), unless it is longer.
+  does), unless it is longer; either way the next scan comes after this one's host time.
 * A request completes at the end of the round whose result completed it.
 * Closed-loop arrivals: `arrive(item)` (e.g. from `on_complete`) adds an arrival during the
   run at `at(item)`, in time order after those due at the same time; one due already (a
@@ -168,10 +168,11 @@ class VirtualLoop:
         before = len(sched.result_queue)
         rnd = self.stepper.step()
         self.steps += 1
-        if rnd is not None:
-            self._launch(rnd, now)
+        # NOTE: the loop's next pass comes after this one's host work (under overlap too:
+        # what registers during a scan is seen by the pass after it, while the forward runs)
+        host_end = self._launch(rnd, now) if rnd is not None else now
         slept = clock.now > now  # an admission hold slept in virtual time
-        self.now = max(now, clock.now)
+        self.now = max(host_end, clock.now)
         popped = before + (rnd is not None) - len(sched.result_queue)
         end = self.now
         for _ in range(popped):
@@ -200,7 +201,8 @@ class VirtualLoop:
             i -= 1
         pending.insert(i, item)
 
-    def _launch(self, rnd: Any, now: float) -> None:
+    def _launch(self, rnd: Any, now: float) -> float:
+        """Launch `rnd` scanned at `now`; returns when its host work ends."""
         c = self.cost(rnd)
         h = self.host(rnd, self.kit.last_scan) if self.host is not None else 0.0
         ready = now + h if self.host is not None else now
@@ -214,6 +216,7 @@ class VirtualLoop:
             self.on_forward(len(rnd.rids), rnd.scheduled_tokens, c)
         if self.on_launch is not None:
             self.on_launch(launch)
+        return ready
 
     def _completions(self, t: float) -> None:
         """Requests completed this step: at the end of the round whose result was processed."""
