@@ -112,13 +112,45 @@ def test_flex_releases_when_token_demand_fills_the_budget(make_kit, clock):
 
 
 def test_flex_releases_at_once_when_work_is_running(make_kit, clock):
+    k = make_kit(policy="flex-always", clock=clock)
+    k.submit(k.req("a", DOC + [1], max_new_tokens=8))
+    assert k.step() is None
+    clock.t = 0.005
+    assert k.step().rids == ["a"]  # a decodes now: the running batch
+    k.submit(k.req("b", list(range(9000, 9300))))
+    assert k.step().rids == ["b"]  # busy: no hold although only 0 ms passed
+
+
+def test_under_overlap_a_prefill_in_flight_is_no_running_work(make_kit, clock):
+    """A round released while the overlap loop's prefill is in flight starts only when that
+    forward ends: holding costs nothing until then, so the hold goes on (rule a's `busy`
+    counts running and queued work, not a forward in flight)."""
     k = make_kit(policy="flex-always", clock=clock, overlap=True)
     k.submit(k.req("a", DOC + [1]))
     assert k.step() is None
     clock.t = 0.005
-    assert k.step().rids == ["a"]  # a's batch is now in flight
+    assert k.step().rids == ["a"] and k.sched.result_queue  # a's batch is in flight
     k.submit(k.req("b", list(range(9000, 9300))))
-    assert k.step().rids == ["b"]  # busy: no hold although only 0 ms passed
+    assert k.step() is None and "a" in k.finished  # b held; a's result processed
+    clock.t = 0.010  # b's deadline
+    assert k.step().rids == ["b"]
+
+
+def test_under_overlap_consumers_parked_on_a_forward_in_flight_are_no_queued_work(make_kit,
+                                                                                   clock):
+    """Parked on a producer still in flight, consumers wait a round for its result: a fresh
+    request released beside them would run alone. Once the producer's result is in, they run
+    and the fresh one rides along (without overlap that is the next pass already:
+    test_a_fresh_arrival_does_not_hold_back_parked_consumers)."""
+    k = make_kit(policy="radixflow-always", clock=clock, overlap=True)
+    k.submit(*[k.req(f"b{i}", DOC + [i, 9, 9]) for i in range(3)])
+    assert k.step() is None
+    clock.t = 0.006
+    assert k.step().rids == ["b0"]  # b1, b2 parked on b0, in flight
+    k.submit(k.req("late", list(range(60_000, 60_400))))  # fresh, 0 ms old
+    assert k.step() is None  # late held, b1 and b2 parked again; b0's result processed
+    assert not k.runtime.requests["late"].eligible
+    assert sorted(k.step().rids) == ["b1", "b2", "late"]  # b0's state is in: work, late joins
 
 
 def test_traversal_never_holds_and_flex_never_parks(make_kit, clock):
@@ -265,12 +297,10 @@ def test_a_hold_never_waits_while_a_batch_is_in_flight(policy):
     k.submit(k.req("b", list(range(9000, 9300))))  # fresh: 0 ms old
     rnd = k.step()
     assert len(waits) == 1  # no wait while a's batch runs
-    if policy.startswith("timer"):
-        assert rnd is None and "a" in k.finished  # b held; a's result was processed
-        clock.t = 1.0  # past its deadline
-        assert k.step().rids == ["b"]
-    else:
-        assert rnd.rids == ["b"]  # flex: running work releases at once (rule a)
+    # NOTE: b held (flex too: a forward in flight is no running work); a's result processed
+    assert rnd is None and "a" in k.finished
+    clock.t = 1.0  # past its deadline
+    assert k.step().rids == ["b"]
     assert len(waits) == 1
 
 

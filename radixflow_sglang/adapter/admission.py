@@ -60,8 +60,10 @@ class AdmissionHold:
                  clock: Callable[[], float] = time.monotonic, sleep: Sleep = time.sleep,
                  agreement: Agreement = local_agreement,
                  cost: Callable[[], CostCoeffs] | None = None,
-                 followers: Followers | None = None) -> None:
+                 followers: Followers | None = None,
+                 parked_on: Callable[[str], str | None] = lambda _rid: None) -> None:
         self.gate = gate
+        self.parked_on = parked_on  # rid -> the producer it is parked on (the wait set's)
         self.requests = requests
         self.register = register
         self.release = release
@@ -103,7 +105,8 @@ class AdmissionHold:
             return False
         self.held_iterations += 1
         self.followers.held(first)
-        if not demand.busy:
+        if not demand.busy and not demand.in_flight:
+            # NOTE: never while a forward runs: the loop processes its result after this pass
             self._wait(demand, now)
         return True
 
@@ -113,6 +116,18 @@ class AdmissionHold:
         if not self.followers.running():
             return set()
         return {r.rid for r in inflight_reqs(sched)}
+
+    def _queued_work(self, queue, fresh: list[Req], in_flight: set[str]) -> bool:
+        """Eligible requests wait that this round can run: not those parked on a producer
+        still in flight (the overlap loop's: they wait for its result, a round away), which
+        would make a fresh request run alone in a round of its own. Without overlap nothing
+        is in flight at a pass, and every eligible request counts."""
+        if len(fresh) == len(queue):
+            return False
+        if not in_flight:
+            return True
+        held = {r.rid for r in fresh}
+        return any(r.rid not in held and self.parked_on(r.rid) not in in_flight for r in queue)
 
     def _fresh(self, queue, now: float) -> list[Req]:
         """The queued requests not yet eligible, each registered the pass it is first seen."""
@@ -166,8 +181,12 @@ class AdmissionHold:
                 first: tuple) -> Demand:
         """What the gate sees; `head`: the oldest fresh request, `first` its burst key."""
         # NOTE: eligible requests still waiting are work this round will run (flex rule a).
-        busy = (not running_batch.is_empty() or sched.chunked_req is not None
-                or len(getattr(sched, "result_queue", ())) > 0 or len(fresh) < len(queue))
+        # A prefill in flight (the overlap loop's, its requests merged into the running batch
+        # already) is not: a round released now starts only when its forward ends, so
+        # holding costs nothing until then.
+        in_flight = {r.rid for r in inflight_reqs(sched)}
+        busy = (any(r.rid not in in_flight for r in running_batch.reqs)
+                or sched.chunked_req is not None or self._queued_work(queue, fresh, in_flight))
         rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
         budget = round_budget(sched)
         residual = sum(req_len(r) for r in queue)
@@ -194,7 +213,8 @@ class AdmissionHold:
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
                       self.arrivals.burst(), exp.more, len(keys), extend,
-                      exp.joined / exp.more if exp.more > 0 else 1.0, exp.late, last)
+                      exp.joined / exp.more if exp.more > 0 else 1.0, exp.late, last,
+                      bool(in_flight))
 
     def _extend(self, sched: Scheduler, head: Req) -> int:
         """What a follower of `head` would recompute beside it: its extend past the cached

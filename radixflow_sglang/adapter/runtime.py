@@ -127,7 +127,13 @@ class RadixFlowRuntime:
             else None
         return None if self.gate is None else AdmissionHold(
             self.gate, self.requests, self._register, release_parked, clock=clock, sleep=sleep,
-            agreement=agreement, cost=lambda: self.cost.decision_coeffs, followers=followers)
+            agreement=agreement, cost=lambda: self.cost.decision_coeffs, followers=followers,
+            parked_on=self._parked_on)
+
+    def _parked_on(self, rid: str) -> str | None:
+        """The producer `rid` is parked on (None: not parked)."""
+        p = self.traversal.waits.get(rid) if self.traversal is not None else None
+        return None if p is None else p.producer
 
     def _register(self, req: Req) -> None:
         self.records.register(req, self.round, self.roundcost.agreed_now)

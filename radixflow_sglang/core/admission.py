@@ -27,7 +27,7 @@ class Demand:
 
     held: int  # requests waiting (>= 1: nothing is decided for none)
     oldest_arrival: float  # arrival time of the oldest waiting request (rank-local clock)
-    busy: bool  # a running batch, a continuing chunk or an extend batch in flight
+    busy: bool  # a running batch, a continuing chunk or queued work this round runs
     free_rows: int  # rows this round can still take
     token_budget: int  # tokens this round can still take
     residual_tokens: int  # sum of (input length - ready prefix) over waiting requests
@@ -51,6 +51,7 @@ class Demand:
     # registration (`Followers.latest`; None: not a lone head's burst); a cost-aware hold's
     # deadline runs from it (`Gate.wait_left`; rank-local clock)
     burst_last: float | None = None
+    in_flight: bool = False  # a prefill launched and not processed (overlap): a forward runs
 
 
 @dataclass(frozen=True)

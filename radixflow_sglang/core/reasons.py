@@ -153,7 +153,8 @@ POINTS = (HOLD, ORDER, VISIT, DEFER, PLACE, PUBLISH)
 RULEBOOK: tuple[Rule, ...] = (
     Rule(HOLD, Reason.EARLY, Action.RELEASE,
          "release before the deadline: held requests fill the free rows (`rows`), or, flex "
-         "only, work is running or in flight (`busy`), held token demand fills the token "
+         "only, work is running or queued for this round (`busy`; not a prefill in flight, "
+         "nor consumers parked on one), held token demand fills the token "
          "budget (`tokens`), or, cost-aware, holding cannot win (`cost`: hold_gain <= 0)",
          cases=(Reason.ROWS, Reason.BUSY, Reason.TOKENS, Reason.COST),
          kept=("off: mean 1.037x radixflow-always, 1.018x flex-always (4b mix α8); "
