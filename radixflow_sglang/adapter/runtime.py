@@ -122,18 +122,12 @@ class RadixFlowRuntime:
     def _hold(self, clock, sleep: Sleep, agreement: Agreement,
               followers: Followers | None) -> AdmissionHold | None:
         """The admission hold (None: no admission control); it prices with the decision's fit."""
-        adm = self.spec.admission
-        self.gate = Gate(adm, self.spec.admission_ms, cost_aware=self.spec.hold_cost) if adm \
-            else None
+        adm, ms = self.spec.admission, self.spec.admission_ms
+        self.gate = Gate(adm, ms, cost_aware=self.spec.hold_cost) if adm else None
         return None if self.gate is None else AdmissionHold(
             self.gate, self.requests, self._register, release_parked, clock=clock, sleep=sleep,
             agreement=agreement, cost=lambda: self.cost.decision_coeffs, followers=followers,
-            parked_on=self._parked_on)
-
-    def _parked_on(self, rid: str) -> str | None:
-        """The producer `rid` is parked on (None: not parked)."""
-        p = self.traversal.waits.get(rid) if self.traversal is not None else None
-        return None if p is None else p.producer
+            parked_on=self.traversal.waits.producer_of if self.traversal else lambda _r: None)
 
     def _register(self, req: Req) -> None:
         self.records.register(req, self.round, self.roundcost.agreed_now)

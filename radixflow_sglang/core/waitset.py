@@ -30,6 +30,11 @@ class WaitSet:
     def get(self, rid: str) -> Parked | None:
         return self._parked.get(rid)
 
+    def producer_of(self, rid: str) -> str | None:
+        """The producer `rid` is parked on (None: not parked)."""
+        p = self._parked.get(rid)
+        return None if p is None else p.producer
+
     def may_park(self, rid: str) -> bool:
         # NOTE: the bound counts every round the request ever parked, so leaving and
         # re-entering the wait set cannot extend its wait.
