@@ -84,17 +84,18 @@ class AdmissionHold:
         """True: keep the queue out of this round (flexible admission / timer control)."""
         queue = sched.waiting_queue
         now = self.clock()
+        # NOTE: prefill rounds launched and not processed (the overlap loop's; none without)
+        in_flight = {r.rid for r in inflight_reqs(sched)}
         if not queue:
-            self.followers.passed(now, self._in_flight(sched))
+            self.followers.passed(now, in_flight)
             return False
         fresh = self._fresh(queue, now)
-        # NOTE: after this pass's arrivals counted as followers
-        self.followers.passed(now, self._in_flight(sched))
+        self.followers.passed(now, in_flight)  # NOTE: after this pass's arrivals counted
         if not fresh:
             return False  # NOTE: a request is held once at most; parked ones are not re-held
         head = min(fresh, key=lambda r: self.requests[r.rid].seq)
         first = burst_key(head)
-        demand = self._demand(sched, running_batch, queue, fresh, now, head, first)
+        demand = self._demand(sched, running_batch, queue, fresh, now, head, first, in_flight)
         decision = self._decide(demand, fresh, now)
         if not decision.hold:
             self._release(fresh, decision)
@@ -105,17 +106,10 @@ class AdmissionHold:
             return False
         self.held_iterations += 1
         self.followers.held(first)
-        if not demand.busy and not demand.in_flight:
+        if not demand.busy and not in_flight:
             # NOTE: never while a forward runs: the loop processes its result after this pass
             self._wait(demand, now)
         return True
-
-    def _in_flight(self, sched: Scheduler) -> set[str]:
-        """The rids of prefill rounds launched and not processed (the overlap loop's; none
-        without overlap), asked only while a selected head's followers are counted."""
-        if not self.followers.running():
-            return set()
-        return {r.rid for r in inflight_reqs(sched)}
 
     def _queued_work(self, queue, fresh: list[Req], in_flight: set[str]) -> bool:
         """Eligible requests wait that this round can run: not those parked on a producer
@@ -178,13 +172,13 @@ class AdmissionHold:
             self.requests[r.rid].eligible = True
 
     def _demand(self, sched: Scheduler, running_batch, queue, fresh, now: float, head: Req,
-                first: tuple) -> Demand:
-        """What the gate sees; `head`: the oldest fresh request, `first` its burst key."""
+                first: tuple, in_flight: set[str]) -> Demand:
+        """What the gate sees; `head`: the oldest fresh request, `first` its burst key,
+        `in_flight`: the rids of prefill rounds launched and not processed."""
         # NOTE: eligible requests still waiting are work this round will run (flex rule a).
         # A prefill in flight (the overlap loop's, its requests merged into the running batch
         # already) is not: a round released now starts only when its forward ends, so
         # holding costs nothing until then.
-        in_flight = {r.rid for r in inflight_reqs(sched)}
         busy = (any(r.rid not in in_flight for r in running_batch.reqs)
                 or sched.chunked_req is not None or self._queued_work(queue, fresh, in_flight))
         rows = sched.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
@@ -213,8 +207,7 @@ class AdmissionHold:
         return Demand(len(fresh), oldest, busy, rows, budget, residual,
                       self.arrivals.rate(now), self.arrivals.mean_length(), cost,
                       self.arrivals.burst(), exp.more, len(keys), extend,
-                      exp.joined / exp.more if exp.more > 0 else 1.0, exp.late, last,
-                      bool(in_flight))
+                      exp.joined / exp.more if exp.more > 0 else 1.0, exp.late, last)
 
     def _extend(self, sched: Scheduler, head: Req) -> int:
         """What a follower of `head` would recompute beside it: its extend past the cached

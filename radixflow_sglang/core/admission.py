@@ -51,7 +51,6 @@ class Demand:
     # registration (`Followers.latest`; None: not a lone head's burst); a cost-aware hold's
     # deadline runs from it (`Gate.wait_left`; rank-local clock)
     burst_last: float | None = None
-    in_flight: bool = False  # a prefill launched and not processed (overlap): a forward runs
 
 
 @dataclass(frozen=True)
