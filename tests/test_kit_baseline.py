@@ -322,7 +322,8 @@ PROCESS_RESULT = '''\
             # NOTE: the previous prefill round's period: its next launch (this round's, at the
             # latest) came before this result, with or without overlap
             k, self._radixflow_processed = self._radixflow_processed, self._radixflow_processed + 1
-            period = (self.radixflow.roundcost.periods.take(k - 1), self._radixflow_loop_forward)
+            p, resumed = self.radixflow.roundcost.periods.take(k - 1)
+            period = (p, self._radixflow_loop_forward, resumed)
             self._radixflow_loop_forward = forward_timer.loop_seconds(result)
             self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result), host,
                                            period, pairs=pairs, forward_iter=batch.forward_iter)
@@ -333,7 +334,8 @@ NEXT_BATCH = '''\
     def get_next_batch_to_run(self, *args, **kwargs):
         plan = super().get_next_batch_to_run(*args, **kwargs)
         if plan.batch_to_run is None and self._radixflow is not None:
-            self._radixflow.roundcost.periods.idle()  # NOTE: a wait is no round's cost
+            # NOTE: a wait is no round's cost; with work queued, the pass after a result
+            self._radixflow.roundcost.periods.idle(waiting=bool(self.waiting_queue))
         return plan
 '''
 # A retracted request re-enters the queue: RadixFlow forgets it, then upstream's method runs.

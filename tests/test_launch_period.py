@@ -26,9 +26,31 @@ def test_periods_run_from_a_prefill_launch_to_the_next_launch_while_busy():
     p.idle()  # a pass with nothing to run: round 2's period would count the wait
     p.launch(0.500, prefill=True)  # round 3, still open
     assert p.launched == 4
-    assert p.take(0) == pytest.approx(0.030) and p.take(1) == pytest.approx(0.020)
-    assert math.isnan(p.take(0))  # handed out once
-    assert math.isnan(p.take(2)) and math.isnan(p.take(3))
+    assert p.take(0)[0] == pytest.approx(0.030) and p.take(1)[0] == pytest.approx(0.020)
+    assert all(map(math.isnan, p.take(0)))  # handed out once
+    assert all(map(math.isnan, p.take(2) + p.take(3)))
+
+
+def test_a_pass_that_waits_for_a_result_with_work_queued_is_kept_apart():
+    """Work queued (parked consumers) while the loop waits for a forward: the period less the
+    forward is the pass from the result to the next launch (core/cost.py RoundView.idle_wait_s);
+    a pass with nothing queued is any idle time and ends it."""
+    p = LaunchPeriods()
+    p.launch(0.0, prefill=True)  # round 0
+    p.idle(waiting=True)  # its consumers parked: the loop waits for its result
+    p.launch(0.070, prefill=True)  # round 1, after the result: round 0's resumed period 70 ms
+    p.idle(waiting=True)
+    p.idle(waiting=False)  # then the queue ran dry: unknown
+    p.launch(0.900, prefill=True)
+    p0, r0 = p.take(0)
+    assert math.isnan(p0) and r0 == pytest.approx(0.070)
+    assert all(map(math.isnan, p.take(1)))
+    est = RoundCostEstimator(GENERIC_PRIOR)
+    assert est.resume_s is None
+    for period in (0.070, 0.062, math.nan, 0.300):
+        est.observe_resume(period, 0.060)
+    assert est.resume_s == pytest.approx(0.010)  # median of 10, 2, 240 ms
+    assert est.coeffs == RoundCostEstimator(GENERIC_PRIOR).coeffs  # NOTE: no fixed cost moves
 
 
 def test_a_rounds_wall_overhead_enters_the_fixed_cost_decisions_read():
@@ -99,6 +121,7 @@ def _scheduler(tmp_path):
     cfg = RadixFlowConfig(policy="radixflow", trace=str(tmp_path / "trace.jsonl"))
     s._radixflow = RadixFlowRuntime(cfg, Grid(Layout.FULL, 1), overlap=False)
     s.now = 0.0
+    s.waiting_queue = []  # NOTE: nothing queued at an idle pass: its period is unknown
     s._radixflow_wall = lambda: s.now
     return s
 
@@ -167,9 +190,10 @@ def _period_ranks(rank: int, port: int, out) -> None:
         for k in range(4):
             period = math.nan if k == 0 else 0.030 + 0.01 * rank + 0.001 * k
             rt.observe_forward(1, 16, 0.005 + 0.002 * rank, 0.001,
-                               (period, 0.005 + 0.002 * rank))
+                               (period, 0.005 + 0.002 * rank, 0.012 + 0.004 * rank))
         c = rt.cost.decision_coeffs
-        out[rank] = (rt.cost.wall_s, c.alpha, c.beta, rt.roundcost.agreed_now, calls[0])
+        out[rank] = (rt.cost.wall_s, c.alpha, c.beta, rt.roundcost.agreed_now, calls[0],
+                     rt.roundcost.idle_wait_s())
 
 
 def test_tp_ranks_agree_on_the_rounds_wall_period_in_the_forwards_broadcast():
@@ -180,3 +204,4 @@ def test_tp_ranks_agree_on_the_rounds_wall_period_in_the_forwards_broadcast():
     assert r0 == r1
     assert r0[0] == pytest.approx(0.027)  # rank 0's: median of 30+k - 5 ms, k = 1..3
     assert r0[3] == 100.0 and r0[4] == 4  # rank 0's clock; one broadcast per forward
+    assert r0[5] == pytest.approx(0.007)  # rank 0's pass from a result to the next launch

@@ -32,9 +32,10 @@ T, S = 8192, 64
 
 
 def _view(rng: random.Random, c: CostCoeffs, lengths: list[int], running: int, budget: int,
-          host: float, page: int) -> tuple[WaitCase, RoundView]:
+          host: float, page: int, idle: float | None = None) -> tuple[WaitCase, RoundView]:
     """A candidate visit a scan of this queue could reach: the i-th queued request, some of
-    those before it selected (each charged up to a page more than its length)."""
+    those before it selected (each charged up to a page more than its length); where a wait
+    may launch nothing (`idle`), some visits' waits do (RoundView.idle_wait_s)."""
     q = len(lengths)
     i = rng.randrange(q)
     selected = rng.randint(0, i)
@@ -47,14 +48,15 @@ def _view(rng: random.Random, c: CostCoeffs, lengths: list[int], running: int, b
         demand_after=sum(lengths[i + 1:]), mean_extend=sum(lengths) / q,
         rows_left=S - running - selected, token_budget=T, row_budget=S,
         siblings=rng.randint(0, q - 1 - i), host_s=host,
-        arrival_rate=rng.choice([0.0, 5.0, 500.0]))
+        arrival_rate=rng.choice([0.0, 5.0, 500.0]),
+        idle_wait_s=idle if rng.random() < 0.5 else None)
     case = WaitCase(ready, depth, length, rng.choice([1, 2]), rng.choice([0, 0, length - depth]))
     return case, view
 
 
 def test_never_waits_is_sound() -> None:
     rng = random.Random(7)
-    quiet = 0
+    quiet = idle_quiet = 0
     for _ in range(4000):
         c = CostCoeffs(rng.uniform(0, 0.05), rng.uniform(0, 2e-5), rng.uniform(0, 1e-3),
                        rng.choice([0.0, rng.uniform(-1e-10, 1e-10)]))
@@ -63,17 +65,26 @@ def test_never_waits_is_sound() -> None:
         host = rng.choice([0.0, rng.uniform(0, 5e-3)])
         page = rng.choice([1, 16, 64])
         budget = rng.randint(T // 4, T)
-        if not never_waits(c, lengths, running, budget, S, host, page):
+        idle = rng.choice([None, rng.uniform(0, 5e-3), rng.uniform(0, 0.05)])
+        if not never_waits(c, lengths, running, budget, S, host, page, idle):
             continue
         quiet += 1
+        idle_quiet += idle is not None
         for _ in range(5):
-            case, view = _view(rng, c, lengths, running, budget, host, page)
+            case, view = _view(rng, c, lengths, running, budget, host, page, idle)
             assert not group_wait_wins(c, case, view).wait, (c, case, view)
-    assert quiet > 300  # the property was exercised
+    assert quiet > 300 and idle_quiet > 100  # the property was exercised, both floors
 
 
 def test_short_questions_on_a_small_model_are_quiet() -> None:
     assert never_waits(SMALL, [380] * 4, 0, T, S, 0.0, 64)
+
+
+def test_a_wait_that_may_launch_nothing_lowers_the_floor() -> None:
+    """With a forward in flight and nothing decoding next a wait may cost only a host pass
+    (tests/test_idle_wait.py): a 1,000-token question is no longer quiet there."""
+    assert never_waits(SMALL, [1000] * 2, 0, T, S, 0.0, 64)
+    assert not never_waits(SMALL, [1000] * 2, 0, T, S, 0.0, 64, idle_wait_s=0.002)
 
 
 @pytest.mark.parametrize("lengths, running, budget", [

@@ -16,7 +16,15 @@ from radixflow_sglang.core.stats import RequestStats
 from radixflow_sglang.core.traversal import Traversal
 
 from .boundary import state_near
-from .reqs import budget_left, inflight_reqs, namespace, req_len, req_tokens, running
+from .reqs import (
+    budget_left,
+    decodes_next,
+    inflight_reqs,
+    namespace,
+    req_len,
+    req_tokens,
+    running,
+)
 from .roundcost import RoundCost
 
 if TYPE_CHECKING:
@@ -43,7 +51,8 @@ def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
     if (enabled(Reason.QUIET_SCAN) and sched.chunked_req is None
             and never_waits(cost.fit.decision_coeffs, queue.lens,
                             running(sched), int(budget_left(adder)),
-                            sched.max_running_requests, cost.host_s(), adder.page_size)):
+                            sched.max_running_requests, cost.host_s(), adder.page_size,
+                            idle_wait(sched, adder, cost))):
         return Reason.QUIET_SCAN
     if not (enabled(Reason.UNSHARED_SCAN) or enabled(Reason.COVERED_SCAN)):
         return None
@@ -56,6 +65,15 @@ def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
                                                            t.cfg.theta, layout):
         return Reason.COVERED_SCAN
     return None
+
+
+def idle_wait(sched: Scheduler, adder: PrefillAdder, cost: RoundCost) -> float | None:
+    """What a wait that launches nothing costs in host time (core/cost.py
+    RoundView.idle_wait_s), where one is possible: an extend in flight, nothing decoding next
+    (Scan.launches_nothing asks the rest per candidate); None otherwise."""
+    if next(inflight_reqs(sched), None) is None or decodes_next(sched, adder.running_batch):
+        return None
+    return cost.idle_wait_s()
 
 
 def sharing(sched: Scheduler, t: Traversal, requests: Mapping[str, RequestStats],

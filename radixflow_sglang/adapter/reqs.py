@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
 
@@ -98,3 +98,18 @@ def inflight_reqs(sched: Scheduler):
     for batch, _ in getattr(sched, "result_queue", ()):
         if batch.forward_mode.is_extend():
             yield from (r for r in batch.reqs if not r.is_retracted)
+
+
+def decodes_next(sched: Scheduler, running_batch: ScheduleBatch | None) -> bool:
+    """A request of `running_batch` (the scan's: under overlap the last prefill is merged into
+    it before `sched.running_batch` is) decodes in the next round if no prefill runs: every
+    one but those whose result in flight ends them by length (the overlap loop skips their
+    decode: scheduler.py `_reqs_finishing_inflight`, the same test)."""
+    reqs = running_batch.reqs if running_batch is not None else ()
+    if not reqs:
+        return False
+    if not (getattr(sched, "enable_skip_finishing_decode", False) and sched.result_queue):
+        return True
+    queued = set(sched.result_queue[0][0].reqs)
+    return any(r not in queued or r.beam_group is not None
+               or not r.next_output_finishes_by_length() for r in reqs)

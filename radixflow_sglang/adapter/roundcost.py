@@ -7,6 +7,7 @@ broadcast. Lives across scans; the runtime prices decisions with `fit`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,15 @@ class RoundCost:
             return 0.0
         return self.fit.host_s
 
+    def idle_wait_s(self) -> float | None:
+        """What a wait that launches nothing adds (core/cost.py RoundView.idle_wait_s): the
+        measured pass from a result to the next launch; before any, the scan's host time where
+        it is fed (the twin, a GPU server); else None (the wait is priced as a round)."""
+        resume = self.fit.resume_s
+        if resume is not None:
+            return resume
+        return self.fit.host_s if self.fit.host_fed else None
+
     def count_arrivals(self, rids: Iterable[str]) -> None:
         """Requests that entered the waiting queue since the last scan (a retracted one
         re-enters: work arriving all the same), for the arrival rate the wait rule reads."""
@@ -69,7 +79,7 @@ class RoundCost:
 
     def observe_forward(self, round_: int, rows: int, tokens: int, seconds: float,
                         host: float | None = None,
-                        period: tuple[float, float] | None = None, **extra) -> float:
+                        period: tuple[float, float, float] | None = None, **extra) -> float:
         """One prefill forward's measured duration in round `round_`: agreed across ranks
         (rank 0's value), recorded in the trace, fed to the fit. Every rank must call it for
         every prefill forward in the same order (it runs a collective in a server). `host`:
@@ -79,7 +89,8 @@ class RoundCost:
         a term) and anything worth tracing. `period`: the previous prefill round's wall period
         (LaunchPeriods; NaN: unknown) and that round's forward as the loop's wall saw it,
         agreed in the same broadcast and fed to the wall overhead every decision prices a
-        round with (None on every rank, or on none: the kit feeds none)."""
+        round with, and its period across a pass that waited for a result (NaN: none; fed as
+        `observe_resume`) (None on every rank, or on none: the kit feeds none)."""
         values = (seconds,) + (() if host is None else (host,)) + (period or ())
         if self.rated:
             now = self.clock()
@@ -90,11 +101,7 @@ class RoundCost:
         if host is not None:
             self.fit.observe_host(float(next(agreed)))
         if period is not None:
-            p, f = float(next(agreed)), float(next(agreed))
-            self.fit.observe_period(p, f)
-            # NOTE: an unknown period (NaN) is traced as null (adapter/trace.py)
-            extra |= {"period_s": p, "period_forward_s": f,
-                      "wall_s": self.fit.wall_s}  # NOTE: what decisions add to a round now
+            extra |= self._observe_period(*(float(next(agreed)) for _ in range(3)))
         if self.rated:
             self.agreed_now, self.arrival_rate = (float(v) for v in agreed)
         pairs = float(extra.get("pairs", 0.0))
@@ -106,6 +113,18 @@ class RoundCost:
         if self.metrics is not None and hasattr(self.metrics, "on_forward"):
             self.metrics.on_forward(seconds, self.fit.coeffs)
         return seconds
+
+    def _observe_period(self, p: float, f: float, r: float) -> dict:
+        """Feed the agreed period, its forward and its period across a waiting pass (NaN:
+        unknown); return what the forward event traces of them."""
+        self.fit.observe_period(p, f)
+        self.fit.observe_resume(r, f)
+        # NOTE: an unknown period (NaN) is traced as null (adapter/trace.py)
+        out = {"period_s": p, "period_forward_s": f,
+               "wall_s": self.fit.wall_s}  # NOTE: what decisions add to a round now
+        if math.isfinite(r):
+            out["resumed_period_s"] = r
+        return out
 
     def observe_host(self, seconds: float) -> float:
         """One prefill round's scheduler CPU time (scan + batch preparation): agreed across

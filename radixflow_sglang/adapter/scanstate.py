@@ -13,6 +13,7 @@ boundary learner) has its own owner, which the scan reads: `requests` (adapter/r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from radixflow_sglang.core.stats import RequestStats, RoundStats
 from radixflow_sglang.core.traversal import TraversalRound
 
 from .queueindex import QueueIndex
-from .reqs import budget_left, last_token, namespace, req_tokens
+from .reqs import budget_left, decodes_next, last_token, namespace, req_tokens
 from .scanview import ScanView
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Scan:
     finishing: int = 0  # selected rows whose next token is their last (not chunked)
     oldest: float | None = None  # the earliest stamp among the rows finishing this round
     continuing: bool | None = None  # a running row decodes on (`older_by`, read lazily)
+    decoding: bool | None = None  # a running row decodes next round (read lazily)
     # (namespace, first theta tokens) of newcomers deferred this scan: their siblings follow
     deferred_heads: list[tuple[tuple, object]] = field(default_factory=list)
     independent: str | None = None  # the last visit no live producer could block
@@ -119,8 +121,28 @@ class Scan:
         """The wait rule's inputs for `req` now (core/cost.py RoundView)."""
         host = self.cost.host_s()
         tied = int(self.tied(req, producer, adder))
-        return self.queue_view().view(req, adder, siblings, host, self.cost.arrival_rate,
-                                      tied, self.older_by(req, adder))
+        v = self.queue_view().view(req, adder, siblings, host, self.cost.arrival_rate,
+                                   tied, self.older_by(req, adder))
+        idle = self.cost.idle_wait_s()
+        if idle is not None and self.launches_nothing(req, adder, siblings, producer):
+            v = dataclasses.replace(v, idle_wait_s=idle)
+        return v
+
+    def launches_nothing(self, req: Req, adder: PrefillAdder, siblings: int,
+                         producer: str | None) -> bool:
+        """`req`'s group waiting for `producer` leaves this round empty (core/cost.py
+        RoundView.idle_wait_s): the producer's forward is in flight (overlap), the round has
+        selected nothing, no chunk continues, no queued request follows the group and no
+        running request decodes next. Rank-identical: SGLang's queues and batches."""
+        walk, view = self.walk, self.queue_view()
+        if walk is None or producer not in walk.inflight or adder.can_run_list:
+            return False
+        i = view.pos.get(req.rid)
+        if i is None or view.queued - 1 - i > siblings or self.sched.chunked_req is not None:
+            return False
+        if self.decoding is None:
+            self.decoding = decodes_next(self.sched, adder.running_batch)
+        return not self.decoding
 
     def older_by(self, req: Req, adder: PrefillAdder) -> float:
         """Seconds the oldest request finishing with this round arrived before `req` (agreed

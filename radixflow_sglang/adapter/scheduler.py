@@ -55,7 +55,8 @@ class RadixFlowScheduler(Scheduler):
     def get_next_batch_to_run(self, *args, **kwargs):
         plan = super().get_next_batch_to_run(*args, **kwargs)
         if plan.batch_to_run is None and self._radixflow is not None:
-            self._radixflow.roundcost.periods.idle()  # NOTE: a wait is no round's cost
+            # NOTE: a wait is no round's cost; with work queued, the pass after a result
+            self._radixflow.roundcost.periods.idle(waiting=bool(self.waiting_queue))
         return plan
 
     def run_batch(self, batch, *args, **kwargs):
@@ -84,7 +85,8 @@ class RadixFlowScheduler(Scheduler):
             # NOTE: the previous prefill round's period: its next launch (this round's, at the
             # latest) came before this result, with or without overlap
             k, self._radixflow_processed = self._radixflow_processed, self._radixflow_processed + 1
-            period = (self.radixflow.roundcost.periods.take(k - 1), self._radixflow_loop_forward)
+            p, resumed = self.radixflow.roundcost.periods.take(k - 1)
+            period = (p, self._radixflow_loop_forward, resumed)
             self._radixflow_loop_forward = forward_timer.loop_seconds(result)
             self.radixflow.observe_forward(rows, tokens, forward_timer.seconds(result), host,
                                            period, pairs=pairs, forward_iter=batch.forward_iter)

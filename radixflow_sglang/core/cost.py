@@ -180,6 +180,8 @@ class RoundCostEstimator:
         self._host: deque[float] = deque(maxlen=window)  # scheduler host s per prefill round
         # NOTE: a prefill round's wall period less its forward (LaunchPeriods), per round
         self._wall: deque[float] = deque(maxlen=window)
+        # NOTE: the same across a pass that waited for its result (LaunchPeriods.idle)
+        self._resume: deque[float] = deque(maxlen=window)
 
     @property
     def coeffs(self) -> CostCoeffs:
@@ -301,6 +303,25 @@ class RoundCostEstimator:
             self._coeffs.clear()  # NOTE: the wall overhead moves `walled`
             self._wall.append(max(0.0, period - forward))
 
+    def observe_resume(self, period: float, forward: float) -> None:
+        """A prefill round's wall period across a pass that launched nothing while work was
+        queued, and its forward: the rest is the loop's pass from the result to the next launch
+        (a wait that launches nothing costs it: RoundView.idle_wait_s)."""
+        if 0 <= period < math.inf and 0 <= forward < math.inf:
+            self._resume.append(max(0.0, period - forward))
+
+    @property
+    def resume_s(self) -> float | None:
+        """Median of the last `window` passes from a result to the next launch; None before."""
+        if not self._resume:
+            return None
+        return sorted(self._resume)[len(self._resume) // 2]
+
+    @property
+    def host_fed(self) -> bool:
+        """Scan host times are fed (a GPU server, the twin; not a simulated server)."""
+        return bool(self._host)
+
     @property
     def measures_wall(self) -> bool:
         """A round's wall overhead is known, measured or pinned (it is then in `walled`'s
@@ -337,6 +358,7 @@ class RoundCostEstimator:
         return {"alpha_s": c.alpha, "beta_s": c.beta, "gamma_s": c.gamma, "delta_s": c.delta,
                 "source": c.source, "observed": self.observed, "rejected": self.rejected,
                 "trusted": self.trusted, "host_s": self.host_s, "wall_s": self.wall_s,
+                "resume_s": self.resume_s,
                 "periods": len(self._wall), "wall_pinned": self.wall_fixed is not None,
                 "last_forward_s": None if math.isnan(self.last_s) else self.last_s}
 
@@ -351,27 +373,35 @@ class LaunchPeriods:
     Pure: the caller passes the clock's readings."""
 
     def __init__(self) -> None:
-        self._open: tuple[int, float] | None = None
-        self._done: dict[int, float] = {}
+        # NOTE: (round, launch time, a pass since launched nothing while work was queued)
+        self._open: tuple[int, float, bool] | None = None
+        self._done: dict[int, tuple[float, float]] = {}
         self.launched = 0  # prefill rounds launched
 
     def launch(self, now: float, prefill: bool) -> None:
         if self._open is not None:
-            k, t = self._open
-            self._done[k] = now - t
+            k, t, idled = self._open
+            self._done[k] = (math.nan, now - t) if idled else (now - t, math.nan)
         self._open = None
         if prefill:
-            self._open = (self.launched, now)
+            self._open = (self.launched, now, False)
             self.launched += 1
 
-    def idle(self) -> None:
-        """A loop pass launched nothing: the open round's period would include the wait."""
-        self._open = None
+    def idle(self, waiting: bool = False) -> None:
+        """A loop pass launched nothing: the open round's period would include the wait. With
+        work queued (`waiting`: parked or held requests) the loop only waited for a result, so
+        the period less the forward is the pass from that result to the next launch (`take`'s
+        second value, RoundView.idle_wait_s); with nothing queued it may be any idle time."""
+        if self._open is not None and waiting:
+            self._open = (*self._open[:2], True)
+        else:
+            self._open = None
 
-    def take(self, k: int) -> float:
+    def take(self, k: int) -> tuple[float, float]:
+        """Round k's (period, period across a waiting pass): at most one known, NaN otherwise."""
         for old in [j for j in self._done if j < k]:
             del self._done[old]  # NOTE: never taken (bounded: rounds are taken in order)
-        return self._done.pop(k, math.nan)
+        return self._done.pop(k, (math.nan, math.nan))
 
 
 # --------------------------------------------------------------------------------------------
@@ -412,6 +442,11 @@ class RoundView:
     # NOTE: seconds the oldest request finishing with this round arrived before the candidate
     # (agreed-clock stamps, rank-identical): the tail guard (docs/design.md, "The tail guard")
     older_by: float = math.inf  # NOTE: unknown ages: no guard
+    # NOTE: under overlap, a wait for a producer in flight that launches nothing: this round
+    # runs none but the candidate's group, so if it waits the loop processes the producer's
+    # result and scans again (this many host seconds), and the wait's round takes this one's
+    # place (docs/design.md, "Overlap: a wait that launches nothing"). None: the round runs anyway
+    idle_wait_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -541,6 +576,10 @@ def _wait_rounds(c: CostCoeffs, case: WaitCase, v: RoundView, overflow: int,
     # the overlap loop processes the producer's result without a forward in between.
     between = (v.host_s + c(min(v.row_budget, over_rows), min(v.token_budget, overflow))
                if overflow else 0.0)
+    if v.idle_wait_s is not None:
+        # NOTE: recomputing, the round exists only for the group: its fixed cost is theirs
+        # either way, and the wait adds the pass between the producer's end and its round
+        return nxt, nxt - c.alpha + v.idle_wait_s
     return nxt, nxt + (case.lag - 1) * between
 
 
@@ -696,7 +735,8 @@ def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bo
 
 
 def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
-                row_budget: int, host_s: float, page: int = 1) -> bool:
+                row_budget: int, host_s: float, page: int = 1,
+                idle_wait_s: float | None = None) -> bool:
     """True when `group_wait_wins` recomputes every Blocked candidate this scan can visit,
     whatever its producer, ready prefix and siblings (docs/design.md, "Quiet scans"). `lengths`:
     the waiting queue's input lengths; `running`: requests running; `budget`: the prefill
@@ -706,7 +746,9 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
       within `budget`, and two rows to spare), so no recompute displaces work, overflows,
       chunks or meets a backlog: recomputing costs at most its whole extend and row times
       the requests present, `<= (beta * L + |delta| * L**2 / 2 + gamma) * present`;
-    - waiting costs at least the next round's host time and fixed cost, `host_s + c(1, 0)`.
+    - waiting costs at least the next round's host time and fixed cost, `host_s + c(1, 0)`;
+      where a wait may launch nothing (`idle_wait_s`: a forward in flight, nothing decoding
+      next; RoundView.idle_wait_s), at least that pass and the round's variable part.
     """
     if not lengths or min(c.alpha, c.beta, c.gamma) < 0:
         return False
@@ -714,7 +756,10 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
     if len(lengths) * (longest + page) > budget or present + 1 > row_budget:
         return False
     extra = c.beta * longest + abs(c.delta) * longest * longest / 2 + c.gamma
-    return extra * present < host_s + c(1, 0)
+    floor = host_s + c(1, 0)
+    if idle_wait_s is not None:
+        floor = min(floor, idle_wait_s + c(1, 0) - c.alpha)
+    return extra * present < floor
 
 
 # NOTE: a learned cut must save a quarter more than its round (docs/design.md, "A learned cut
