@@ -123,9 +123,10 @@ class Scan:
         tied = int(self.tied(req, producer, adder))
         v = self.queue_view().view(req, adder, siblings, host, self.cost.arrival_rate,
                                    tied, self.older_by(req, adder))
-        idle = self.cost.idle_wait_s()
-        if idle is not None and self.launches_nothing(req, adder, siblings, producer):
-            v = dataclasses.replace(v, idle_wait_s=idle)
+        if self.launches_nothing(req, adder, siblings, producer):
+            idle = self.cost.idle_wait_s()  # NOTE: a median: asked only where it is read
+            if idle is not None:
+                v = dataclasses.replace(v, idle_wait_s=idle)
         return v
 
     def launches_nothing(self, req: Req, adder: PrefillAdder, siblings: int,
