@@ -81,3 +81,20 @@ def positive(kind: type, what: str | None = None) -> Callable[[str], Any]:
 def non_negative(kind: type, what: str | None = None) -> Callable[[str], Any]:
     """A finite number >= 0 (argparse names the flag in the error)."""
     return _checked(kind, what, lambda x: 0 <= x < float("inf"), "a finite number >= 0")
+
+
+def check_overlap(p: argparse.ArgumentParser, overlap: bool, server_args: str) -> None:
+    """--overlap with no_buffer in --server-args: SGLang refuses to start such a server
+    (arg_groups/mamba_hook.py `validate_mamba_no_buffer`: no_buffer runs without overlap), so
+    every run of the series would fail at start-up. An argument error instead, naming both."""
+    import shlex
+
+    words = shlex.split(server_args)
+    layout = next((w.split("=", 1)[1] for w in words
+                   if w.startswith("--mamba-radix-cache-strategy=")), None)
+    if "--mamba-radix-cache-strategy" in words[:-1]:
+        layout = words[words.index("--mamba-radix-cache-strategy") + 1]
+    if overlap and layout == "no_buffer":
+        p.error("--overlap: the no_buffer layout (--server-args \"--mamba-radix-cache-strategy "
+                "no_buffer\") runs without overlap scheduling (SGLang refuses the pair); drop "
+                "--overlap, or choose --mamba-radix-cache-strategy extra_buffer")

@@ -183,6 +183,7 @@ PAPER_DEFAULTS = {"paper_workload": "synthetic", "questions": 8, "regime": "all"
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Flags a listed workload does not take are errors naming the flag; the trace spec."""
+    cli.check_overlap(p, args.overlap, args.server_args)
     chosen = set(args.workloads)
     if not chosen & set(TRACE_WORKLOADS):
         given = [k for k in TRACE_FLAGS if getattr(args, k) is not None]

@@ -225,6 +225,7 @@ boundary_modes = cli.comma_choices(BOUNDARY_MODES)  # `--boundaries`
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """Workload flags as eval.replay checks them (errors name the flag), run_arms' own paper
     defaults, the fork arm's default; returns the traffic shape given (field -> value)."""
+    cli.check_overlap(p, args.overlap, args.server_args)
     if not args.replay and not args.bench:
         p.error(f"--no-replay needs --bench (choose from {', '.join(bench_arm.BENCHES)}): "
                 "nothing to run")

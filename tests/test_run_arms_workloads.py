@@ -45,6 +45,8 @@ def _error(capsys, *argv: str) -> str:
     (["--boundaries", "learned,learned"], "each once"),
     (["--policies", "stock", "--boundaries", "learned"], "--boundaries applies to the radixflow"),
     (["--workload", "nsample", "--nsample-mode", "hot"], "argument --nsample-mode"),
+    (["--overlap", "--server-args", "--mamba-radix-cache-strategy no_buffer"],
+     "--overlap: the no_buffer layout"),
 ])
 def test_bad_workload_flags_name_the_flag(argv, message, capsys):
     assert message in _error(capsys, *argv)
