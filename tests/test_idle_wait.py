@@ -42,10 +42,14 @@ def test_a_wait_that_launches_nothing_costs_a_host_pass_not_a_round() -> None:
 # --- on SGLang's real scheduler (overlap) -----------------------------------------------------
 
 
-def _kit(make_kit, resume_s: float | None = 0.004):
+def _kit(make_kit, resume_s: float | None = 0.004, trace=None):
     """`resume_s`: the loop's measured pass from a result to the next launch (a server's
-    LaunchPeriods; the kit feeds none)."""
-    k = make_kit("qwen3.5-0.8b", "extra_buffer", "radixflow", overlap=True)
+    LaunchPeriods; the kit feeds none); `trace`: a trace file for the decisions."""
+    from radixflow_sglang.config import RadixFlowConfig
+
+    cfg = RadixFlowConfig(policy="radixflow", trace=str(trace)) if trace is not None else None
+    k = make_kit("qwen3.5-0.8b", "extra_buffer", "radixflow", overlap=True,
+                 radixflow_config=cfg)
     k.runtime.use_prior(PAPER_08B)
     if resume_s is not None:
         k.runtime.roundcost.fit.observe_resume(0.05 + resume_s, 0.05)
@@ -85,13 +89,23 @@ def test_late_siblings_recompute_when_the_pass_costs_more_or_is_unknown(make_kit
     assert max(rnd.prefix.values()) == 0
 
 
-def test_late_siblings_recompute_when_the_round_runs_anyway(make_kit) -> None:
-    """P decodes on: its decode round runs whatever they do, so a wait costs a round."""
-    k = _kit(make_kit)
+def test_with_the_producer_decoding_on_a_wait_is_priced_as_a_round(make_kit, tmp_path) -> None:
+    """P decodes on: its decode round runs whatever B and C do, so their wait costs a round
+    (no idle pass), and P is among the requests their recompute would delay: its decode waits
+    for their prefill (adapter/reqs.py `decoding`: P is in the scan's running batch, not yet
+    in `sched.running_batch`). The wait wins here on that count."""
+    import json
+
+    trace = tmp_path / "t.jsonl"
+    k = _kit(make_kit, trace=trace)
     _late_siblings(k, producer_tokens=8)
     rnd = k.step()
-    assert rnd is not None and sorted(rnd.rids) == ["B", "C"]
-    assert max(rnd.prefix.values()) == 0
+    assert rnd is not None and rnd.mode == "decode" and rnd.rids == ["P"]
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    decided = [e for e in events if e["event"] == "decide"]
+    assert decided and all(e["view"]["idle_wait_s"] is None for e in decided)
+    assert decided[0]["view"]["behind"] == 3  # B, C and P's decode
+    assert sorted(k.runtime.records.parked()) == ["B", "C"]
     k.drain()
     assert sorted(k.finished) == ["B", "C", "P"]
 

@@ -18,7 +18,7 @@ from radixflow_sglang.core.reasons import Action, Reason
 from radixflow_sglang.core.traversal import Candidate, WaitFacts
 
 from . import slot
-from .reqs import chunk_cut, namespace, release_parked, req_tokens, running
+from .reqs import chunk_cut, decoding, namespace, release_parked, req_tokens
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -243,9 +243,10 @@ class DeferFacts:
 
     def _slot_facts(self) -> tuple:
         """What the boundary publisher's slot deferral reads (`defer`, `still_deferred`): the
-        request, its tokens and namespace, the adder, a free chunk slot, the running batch."""
+        request, its tokens and namespace, the adder, a free chunk slot, the running rows that
+        decode next (adapter/reqs.py `decoding`)."""
         return (self.req, req_tokens(self.req), namespace(self.req), self.adder,
-                self.sched.chunked_req is None, running(self.sched))
+                self.sched.chunked_req is None, decoding(self.sched, self.adder.running_batch))
 
     def _slot_deferrable(self) -> bool:
         """A boundary publisher that can defer `req` (a session's state is its session's)."""

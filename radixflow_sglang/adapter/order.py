@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 from radixflow_sglang.core.reasons import Reason, enabled
 from radixflow_sglang.core.stats import RequestStats
 
-from .reqs import running
+from .reqs import rows_running
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
 
 
-def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats],
+def recheck_first(sched: Scheduler, batch: ScheduleBatch, requests: Mapping[str, RequestStats],
                   published: Callable[[Req], bool] | None = None
                   ) -> list[tuple[Reason, int]]:
     """After SGLang's `calc_priority`: requests parked in an earlier scan (the wait set,
@@ -25,7 +25,8 @@ def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats],
     (docs/notes/2026-12-rechecked-first.md). Case `published_first` (`_published`): published
     requests go before the rest of their own arrival pass. Priority scheduling keeps SGLang's
     order. Rank-identical: `rounds_parked` counts agreed decisions, arrival passes are agreed,
-    the tree and pools are every rank's. The rules that decided, each with the requests it
+    the tree and pools are every rank's. `batch`: the scan's running batch (adapter/reqs.py
+    `rows_running`). The rules that decided, each with the requests it
     moved (none: SGLang's order stands)."""
     q = sched.waiting_queue
     stats = [requests.get(r.rid) for r in q]
@@ -36,7 +37,7 @@ def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats],
         return [] if not n or all(waited[:n]) else [(Reason.PRIORITY_ORDER, n)]
     if not enabled(Reason.RECHECKED_FIRST):
         return []
-    pub = _published(sched, waited, n, published)
+    pub = _published(sched, batch, waited, n, published)
     runs, moved = [], 0  # NOTE: nothing published, nothing to move: no arrival runs needed
     if any(pub):
         runs = _runs(waited, [s.arrival if s is not None else -1 for s in stats])
@@ -52,7 +53,7 @@ def recheck_first(sched: Scheduler, requests: Mapping[str, RequestStats],
     return decided
 
 
-def _published(sched: Scheduler, waited: list[bool], n: int,
+def _published(sched: Scheduler, batch: ScheduleBatch, waited: list[bool], n: int,
                published: Callable[[Req], bool] | None) -> list[bool]:
     """Case `published_first`: where SGLang's row limit binds (more queued requests than rows
     free) under its FCFS order, the not-waited requests whose shared prefix is published
@@ -64,8 +65,7 @@ def _published(sched: Scheduler, waited: list[bool], n: int,
     All False where the case cannot act."""
     q = sched.waiting_queue
     if (published is not None and len(q) - n > 1 and _fcfs(sched)
-            and len(q) > sched.get_num_allocatable_reqs(running(sched),
-                                                        running_batch=sched.running_batch)):
+            and len(q) > sched.get_num_allocatable_reqs(rows_running(batch), running_batch=batch)):
         return [not w and published(r) for r, w in zip(q, waited, strict=True)]
     return [False] * len(q)
 

@@ -18,12 +18,12 @@ from radixflow_sglang.core.traversal import Traversal
 from .boundary import state_near
 from .reqs import (
     budget_left,
-    decodes_next,
+    decoding,
     inflight_reqs,
     namespace,
     req_len,
     req_tokens,
-    running,
+    rows_running,
 )
 from .roundcost import RoundCost
 
@@ -48,11 +48,12 @@ def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
     later requests without a wait. `queue`: the scan's queue index (adapter/queueindex.py)."""
     if not queue or len(t.waits):
         return None
+    batch = adder.running_batch  # NOTE: the scan's (adapter/reqs.py `rows_running`)
     if (enabled(Reason.QUIET_SCAN) and sched.chunked_req is None
             and never_waits(cost.fit.decision_coeffs, queue.lens,
-                            running(sched), int(budget_left(adder)),
+                            rows_running(batch), int(budget_left(adder)),
                             sched.max_running_requests, cost.host_s(), adder.page_size,
-                            idle_wait(sched, adder, cost))):
+                            idle_wait(sched, adder, cost), decoding(sched, batch))):
         return Reason.QUIET_SCAN
     if not (enabled(Reason.UNSHARED_SCAN) or enabled(Reason.COVERED_SCAN)):
         return None
@@ -71,7 +72,7 @@ def idle_wait(sched: Scheduler, adder: PrefillAdder, cost: RoundCost) -> float |
     """What a wait that launches nothing costs in host time (core/cost.py
     RoundView.idle_wait_s), where one is possible: an extend in flight, nothing decoding next
     (Scan.launches_nothing asks the rest per candidate); None otherwise."""
-    if next(inflight_reqs(sched), None) is None or decodes_next(sched, adder.running_batch):
+    if next(inflight_reqs(sched), None) is None or decoding(sched, adder.running_batch):
         return None
     return cost.idle_wait_s()
 

@@ -29,9 +29,14 @@ def req_len(req: Req) -> int:
     return len(req.origin_input_ids) + len(req.output_ids)
 
 
-def running(sched: Scheduler) -> int:
-    """Requests in the running (decode) batch."""
-    return len(sched.running_batch.reqs) if sched.running_batch is not None else 0
+def rows_running(batch: ScheduleBatch | None) -> int:
+    """Rows the scan's running batch holds, as SGLang's row limit counts them. NOTE: the scan's
+    batch (`adder.running_batch`), not `sched.running_batch`: `get_next_batch_to_run` merges
+    the last prefill into its local running batch and assigns `sched.running_batch` only after
+    the scan, so where no request was running the scheduler's batch still reads empty while
+    the last prefill's requests run (under overlap, every one of them; without it, those that
+    did not finish)."""
+    return len(batch.reqs) if batch is not None else 0
 
 
 def round_budget(sched: Scheduler) -> int:
@@ -100,16 +105,12 @@ def inflight_reqs(sched: Scheduler):
             yield from (r for r in batch.reqs if not r.is_retracted)
 
 
-def decodes_next(sched: Scheduler, running_batch: ScheduleBatch | None) -> bool:
-    """A request of `running_batch` (the scan's: under overlap the last prefill is merged into
-    it before `sched.running_batch` is) decodes in the next round if no prefill runs: every
-    one but those whose result in flight ends them by length (the overlap loop skips their
-    decode: scheduler.py `_reqs_finishing_inflight`, the same test)."""
-    reqs = running_batch.reqs if running_batch is not None else ()
-    if not reqs:
-        return False
-    if not (getattr(sched, "enable_skip_finishing_decode", False) and sched.result_queue):
-        return True
-    queued = set(sched.result_queue[0][0].reqs)
-    return any(r not in queued or r.beam_group is not None
-               or not r.next_output_finishes_by_length() for r in reqs)
+def decoding(sched: Scheduler, batch: ScheduleBatch | None) -> int:
+    """Rows of the scan's running batch (`rows_running`) that decode in the next round if no
+    prefill runs, the requests a longer round delays: every one but those whose result in
+    flight ends them by length, which the overlap loop leaves out of its decode (upstream's
+    own test, scheduler.py `_reqs_finishing_inflight`; it asserts the one result in flight a
+    scheduling pass sees)."""
+    if batch is None or not batch.reqs:
+        return 0
+    return len(batch.reqs) - len(sched._reqs_finishing_inflight(batch))

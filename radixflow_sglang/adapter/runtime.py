@@ -187,10 +187,10 @@ class RadixFlowRuntime:
     # --- scan hooks (called from scan.py) ------------------------------------------------------
     def begin_scan(self, sched: Scheduler, adder: PrefillAdder) -> None:
         self.round += 1
-        self._order(sched)  # NOTE: before the index (its order); the sweep reads only its rids
+        self._order(sched, adder.running_batch)  # NOTE: before the index (its order)
         queue = QueueIndex(sched.waiting_queue)
         self.records.sweep(queue)
-        scan = self.scan = Scan(self.round, sched=sched, requests=self.requests, queue=queue,
+        scan = self.scan = Scan(self.round, sched, adder.running_batch, self.requests, queue,
                                 cost=self.roundcost, boundary=self.boundary.begin_scan(queue))
         if self.traversal is None:
             scan.stats = RoundStats(self.round, t_start=self.clock())
@@ -214,7 +214,7 @@ class RadixFlowRuntime:
         # NOTE: the scan's number, not the traversal's (quiet scans skip it): one count per trace
         scan.stats.round, scan.stats.t_start = self.round, self.clock()
 
-    def _order(self, sched: Scheduler) -> None:
+    def _order(self, sched: Scheduler, batch) -> None:
         """The ORDER point (core/reasons.py): rechecked requests first, and where rows bind the
         published ones of each arrival pass (adapter/order.py)."""
         if self.traversal is None:
@@ -225,7 +225,7 @@ class RadixFlowRuntime:
             # NOTE: its state covers what the tree shares with it (read-only)
             return state_covers(sched.tree_cache, req, req_tokens(req), theta, mamba)
 
-        for decided in recheck_first(sched, self.requests, published):
+        for decided in recheck_first(sched, batch, self.requests, published):
             self.report.ordered(self.round, *decided)
 
     @property

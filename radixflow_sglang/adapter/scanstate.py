@@ -27,11 +27,11 @@ from radixflow_sglang.core.stats import RequestStats, RoundStats
 from radixflow_sglang.core.traversal import TraversalRound
 
 from .queueindex import QueueIndex
-from .reqs import budget_left, decodes_next, last_token, namespace, req_tokens
+from .reqs import budget_left, last_token, namespace, req_tokens
 from .scanview import ScanView
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
 
@@ -44,17 +44,20 @@ class Scan:
     """One scan's facts. `round`: the runtime's scan number; `stats`: its round counters."""
 
     round: int = 0
-    stats: RoundStats = field(default_factory=lambda: RoundStats(0))
     sched: Scheduler | None = None
+    # the scan's running batch (`adder.running_batch`: the last prefill merged into it, which
+    # `sched.running_batch` is not until the scan ends; adapter/reqs.py `rows_running`)
+    batch: ScheduleBatch | None = None
     requests: Mapping[str, RequestStats] = field(default_factory=dict)  # the records (read)
+    # the waiting queue as the scan began, indexed once (adapter/queueindex.py): the view and
+    # the boundary publisher's scan read it
+    queue: QueueIndex = field(default_factory=QueueIndex)
+    stats: RoundStats = field(default_factory=lambda: RoundStats(0))
     cost: RoundCost | None = None  # the round-cost fit, host time, arrival rate (read)
     # no candidate can wait, by this rule: the traversal's hooks are off (adapter/quiet.py);
     # None: they are on
     quiet: Reason | None = None
     walk: TraversalRound | None = None  # the traversal's round (None: quiet, or no traversal)
-    # the waiting queue as the scan began, indexed once (adapter/queueindex.py): the view and
-    # the boundary publisher's scan read it
-    queue: QueueIndex = field(default_factory=QueueIndex)
     # the boundary publisher's scan (adapter/boundary_scan.py: its queue questions, placements
     # and the cut it made), built by the publisher for this scan
     boundary: BoundaryScan | None = None
@@ -66,7 +69,6 @@ class Scan:
     finishing: int = 0  # selected rows whose next token is their last (not chunked)
     oldest: float | None = None  # the earliest stamp among the rows finishing this round
     continuing: bool | None = None  # a running row decodes on (`older_by`, read lazily)
-    decoding: bool | None = None  # a running row decodes next round (read lazily)
     # (namespace, first theta tokens) of newcomers deferred this scan: their siblings follow
     deferred_heads: list[tuple[tuple, object]] = field(default_factory=list)
     independent: str | None = None  # the last visit no live producer could block
@@ -83,7 +85,7 @@ class Scan:
     def queue_view(self) -> ScanView:
         """The queue's view, built once per scan when a decision first needs it (O(queue))."""
         if self.view is None:
-            self.view = ScanView.of(self.sched, self.queue)
+            self.view = ScanView.of(self.sched, self.queue, self.batch)
         return self.view
 
     def rows_kept(self, sched: Scheduler, req: Req, adder: PrefillAdder,
@@ -141,9 +143,7 @@ class Scan:
         i = view.pos.get(req.rid)
         if i is None or view.queued - 1 - i > siblings or self.sched.chunked_req is not None:
             return False
-        if self.decoding is None:
-            self.decoding = decodes_next(self.sched, adder.running_batch)
-        return not self.decoding
+        return not view.decoding
 
     def older_by(self, req: Req, adder: PrefillAdder) -> float:
         """Seconds the oldest request finishing with this round arrived before `req` (agreed
@@ -151,7 +151,7 @@ class Scan:
         happens (a row decoding on, a queued request this scan passed over): the tail is
         not this round's (core/cost.py `raises_tail`)."""
         if self.continuing is None:
-            b = self.sched.running_batch
+            b = self.batch
             self.continuing = b is not None and any(not last_token(r) for r in b.reqs)
         if self.continuing:
             return math.inf

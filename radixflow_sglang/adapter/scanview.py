@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from radixflow_sglang.core.cost import RoundView
 
 from .queueindex import QueueIndex
-from .reqs import budget_left, namespace, req_tokens, round_budget, running
+from .reqs import budget_left, decoding, namespace, req_tokens, round_budget, rows_running
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
 
@@ -31,10 +31,11 @@ SIBLING_WINDOW = 64
 @dataclass
 class ScanView:
     """Per-scan, rank-identical inputs of the cost-aware wait rule (core/cost.py RoundView):
-    the waiting queue's order and token demand, the budgets, the running decode rows."""
+    the waiting queue's order and token demand, the budgets, the running rows."""
 
     index: QueueIndex  # the scan's queue: order, positions, input-length suffix sums
-    running: int
+    running: int  # rows of the scan's running batch (SGLang's row limit counts them)
+    decoding: int  # of them, those that decode next: the requests a longer round delays
     mean_extend: float
     token_budget: int
     row_budget: int
@@ -51,10 +52,12 @@ class ScanView:
         self.pos, self.queue, self.after, self.queued = ix.pos, ix.queue, ix.after, len(ix)
 
     @classmethod
-    def of(cls, sched: Scheduler, index: QueueIndex) -> ScanView:
-        """`index`: the scan's queue (`sched.waiting_queue` as the scan began)."""
+    def of(cls, sched: Scheduler, index: QueueIndex, batch: ScheduleBatch) -> ScanView:
+        """`index`: the scan's queue (`sched.waiting_queue` as the scan began); `batch`: its
+        running batch (`adder.running_batch`, adapter/reqs.py `rows_running`)."""
         n = len(index)
-        return cls(index, running(sched), index.after[0] / n if n else 1.0,
+        return cls(index, rows_running(batch), decoding(sched, batch),
+                   index.after[0] / n if n else 1.0,
                    round_budget(sched), sched.max_running_requests)
 
     def siblings(self, req: Req, ns: tuple, tokens, depth: int,
@@ -83,7 +86,7 @@ class ScanView:
         left = budget_left(adder)
         selected = sum(1 for r in run if r.rid in self.pos)
         return RoundView(
-            rows=len(run), behind=self.queued - selected + self.running,
+            rows=len(run), behind=self.queued - selected + self.decoding,
             budget_left=max(int(left), 0), demand_after=self.after[i + 1],
             mean_extend=self.mean_extend,
             rows_left=max(self.row_budget - self.running - len(run), 0),

@@ -736,11 +736,13 @@ def recomputes_at_every_ready(c: CostCoeffs, case: WaitCase, v: RoundView) -> bo
 
 def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
                 row_budget: int, host_s: float, page: int = 1,
-                idle_wait_s: float | None = None) -> bool:
+                idle_wait_s: float | None = None, decoding: int | None = None) -> bool:
     """True when `group_wait_wins` recomputes every Blocked candidate this scan can visit,
     whatever its producer, ready prefix and siblings (docs/design.md, "Quiet scans"). `lengths`:
-    the waiting queue's input lengths; `running`: requests running; `budget`: the prefill
-    tokens the scan starts with; `page`: the charge's rounding. Sufficient, not necessary:
+    the waiting queue's input lengths; `running`: rows running (SGLang's row limit counts
+    them); `decoding`: those of them a longer round delays (default: all); `budget`: the
+    prefill tokens the scan starts with; `page`: the charge's rounding. Sufficient, not
+    necessary:
 
     - every queued request fits the round at its full length (`len(lengths) * (max + page)`
       within `budget`, and two rows to spare), so no recompute displaces work, overflows,
@@ -752,9 +754,10 @@ def never_waits(c: CostCoeffs, lengths: list[int], running: int, budget: int,
     """
     if not lengths or min(c.alpha, c.beta, c.gamma) < 0:
         return False
-    longest, present = max(lengths), len(lengths) + running
-    if len(lengths) * (longest + page) > budget or present + 1 > row_budget:
+    longest = max(lengths)
+    if len(lengths) * (longest + page) > budget or len(lengths) + running + 1 > row_budget:
         return False
+    present = len(lengths) + (running if decoding is None else decoding)
     extra = c.beta * longest + abs(c.delta) * longest * longest / 2 + c.gamma
     floor = host_s + c(1, 0)
     if idle_wait_s is not None:
