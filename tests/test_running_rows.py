@@ -65,3 +65,23 @@ def test_rows_whose_result_in_flight_is_their_last_take_rows_not_delay(make_kit)
     assert seen[1] == (0, 2, 1)
     k.drain()
     assert sorted(k.finished) == ["N", "P", "Q"]
+
+
+def test_with_more_than_one_result_in_flight_every_row_counts(make_kit) -> None:
+    """Upstream's test asserts the one result in flight `event_loop_overlap` leaves at a
+    scheduling pass; a loop or a test that launches more gets every row counted, not a crash."""
+    from radixflow_sglang.adapter.reqs import decoding
+
+    k = make_kit("qwen3.5-0.8b", "extra_buffer", "radixflow", overlap=True)
+    k.submit(k.req("P", list(range(1, 300)), max_new_tokens=1))
+    assert k.step() is not None and len(k.sched.result_queue) == 1
+    assert decoding(k.sched, None) == 0
+    k.submit(k.req("Q", list(range(2000, 2300)), max_new_tokens=1))
+    batch = k.scan()  # NOTE: a test's own launch beside the step's: two results in flight
+    assert batch is not None and [r.rid for r in batch.reqs] == ["Q"]
+    k.sched.result_queue.append((batch, None))
+    last = k.sched.last_batch  # NOTE: what the loop's next pass merges into its running batch
+    assert [r.rid for r in last.reqs] == ["P"]
+    assert decoding(k.sched, last) == 1  # P's last token is in flight, but two results are
+    k.drain()
+    assert sorted(k.finished) == ["P", "Q"]

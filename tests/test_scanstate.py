@@ -15,8 +15,8 @@ from radixflow_sglang.testing.fixtures import toks
 
 DOC = toks(1000, 2000)
 # NOTE: begin_scan's own inputs
-SET_AT_BEGIN = {"round", "sched", "requests", "cost", "stats", "quiet", "walk", "queue", "boundary",
-                "chunk"}
+SET_AT_BEGIN = {"round", "sched", "batch", "requests", "cost", "stats", "quiet", "walk", "queue",
+                "boundary", "chunk"}
 
 
 def test_every_scan_begins_from_a_fresh_state(make_kit):

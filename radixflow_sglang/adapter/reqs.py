@@ -109,8 +109,11 @@ def decoding(sched: Scheduler, batch: ScheduleBatch | None) -> int:
     """Rows of the scan's running batch (`rows_running`) that decode in the next round if no
     prefill runs, the requests a longer round delays: every one but those whose result in
     flight ends them by length, which the overlap loop leaves out of its decode (upstream's
-    own test, scheduler.py `_reqs_finishing_inflight`; it asserts the one result in flight a
-    scheduling pass sees)."""
+    own test, scheduler.py `_reqs_finishing_inflight`)."""
     if batch is None or not batch.reqs:
         return 0
+    if len(getattr(sched, "result_queue", ())) > 1:
+        # NOTE: upstream's test asserts the one result in flight `event_loop_overlap` leaves at
+        # a scheduling pass; with more (another loop, a test's own launches) every row counts
+        return len(batch.reqs)
     return len(batch.reqs) - len(sched._reqs_finishing_inflight(batch))
