@@ -16,7 +16,15 @@ from radixflow_sglang.core.stats import RequestStats
 from radixflow_sglang.core.traversal import Traversal
 
 from .boundary import state_near
-from .reqs import budget_left, inflight_reqs, namespace, req_len, req_tokens
+from .reqs import (
+    budget_left,
+    decoding,
+    inflight_reqs,
+    namespace,
+    req_len,
+    req_tokens,
+    rows_running,
+)
 from .roundcost import RoundCost
 
 if TYPE_CHECKING:
@@ -24,31 +32,29 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
 
-    from .scanstate import Scan
-    from .scanview import ScanView
+    from .queueindex import QueueIndex
 
 Groups = list[list[tuple[Sequence[int], "Req | None"]]]
 
 
 def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
                requests: Mapping[str, RequestStats], cost: RoundCost,
-               layout: Layout, scan: Scan) -> Reason | None:
+               layout: Layout, queue: QueueIndex) -> Reason | None:
     """The rule by which no candidate of this scan can wait, if one does (from rank-identical
     inputs; nothing may be parked): `quiet_scan`, no chunk continues and every queued request
     fits the round at a recompute cheaper than a round's fixed cost (core/cost.py
     `never_waits`); `unshared_scan`, no visit can find a sharer (`sharing`); `covered_scan`,
     what they share is ready already (`covered`). Boundaries still publish: their states serve
-    later requests without a wait. `scan`: its queue index and view (the scan's running rows,
-    adapter/scanview.py)."""
-    queue = scan.queue
+    later requests without a wait. `queue`: the scan's queue index (adapter/queueindex.py)."""
     if not queue or len(t.waits):
         return None
-    if enabled(Reason.QUIET_SCAN) and sched.chunked_req is None:
-        view = scan.queue_view()
-        if never_waits(cost.fit.decision_coeffs, queue.lens, view.running,
-                       int(budget_left(adder)), sched.max_running_requests, cost.host_s(),
-                       adder.page_size, idle_wait(sched, cost, view), view.decoding):
-            return Reason.QUIET_SCAN
+    batch = adder.running_batch  # NOTE: the scan's (adapter/reqs.py `rows_running`)
+    if (enabled(Reason.QUIET_SCAN) and sched.chunked_req is None
+            and never_waits(cost.fit.decision_coeffs, queue.lens,
+                            rows_running(batch), int(budget_left(adder)),
+                            sched.max_running_requests, cost.host_s(), adder.page_size,
+                            idle_wait(sched, adder, cost), decoding(sched, batch))):
+        return Reason.QUIET_SCAN
     if not (enabled(Reason.UNSHARED_SCAN) or enabled(Reason.COVERED_SCAN)):
         return None
     groups = sharing(sched, t, requests, queue.queue)
@@ -62,11 +68,11 @@ def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
     return None
 
 
-def idle_wait(sched: Scheduler, cost: RoundCost, view: ScanView) -> float | None:
+def idle_wait(sched: Scheduler, adder: PrefillAdder, cost: RoundCost) -> float | None:
     """What a wait that launches nothing costs in host time (core/cost.py
     RoundView.idle_wait_s), where one is possible: an extend in flight, nothing decoding next
-    (`view`: the scan's; Scan.launches_nothing asks the rest per candidate); None otherwise."""
-    if next(inflight_reqs(sched), None) is None or view.decoding:
+    (Scan.launches_nothing asks the rest per candidate); None otherwise."""
+    if next(inflight_reqs(sched), None) is None or decoding(sched, adder.running_batch):
         return None
     return cost.idle_wait_s()
 

@@ -198,7 +198,7 @@ class RadixFlowRuntime:
         if self.spec.cost_aware:
             self.roundcost.count_arrivals(queue.rids)
             scan.quiet = quiet_rule(sched, adder, self.traversal, self.requests, self.roundcost,
-                                    self.grid.layout, scan)
+                                    self.grid.layout, queue)
             if scan.quiet is not None:
                 # NOTE: no producer index, lookup, probe or sibling count: SGLang's own scan
                 # plus the boundary publisher's work (eval/hostcost.py charges it apart)
