@@ -48,12 +48,8 @@ def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
     later requests without a wait. `queue`: the scan's queue index (adapter/queueindex.py)."""
     if not queue or len(t.waits):
         return None
-    batch = adder.running_batch  # NOTE: the scan's (adapter/reqs.py `rows_running`)
-    if (enabled(Reason.QUIET_SCAN) and sched.chunked_req is None
-            and never_waits(cost.fit.decision_coeffs, queue.lens,
-                            rows_running(batch), int(budget_left(adder)),
-                            sched.max_running_requests, cost.host_s(), adder.page_size,
-                            idle_wait(sched, adder, cost), decoding(sched, batch))):
+    if enabled(Reason.QUIET_SCAN) and sched.chunked_req is None and _never_waits(
+            sched, adder, cost, queue):
         return Reason.QUIET_SCAN
     if not (enabled(Reason.UNSHARED_SCAN) or enabled(Reason.COVERED_SCAN)):
         return None
@@ -68,11 +64,21 @@ def quiet_rule(sched: Scheduler, adder: PrefillAdder, t: Traversal,
     return None
 
 
-def idle_wait(sched: Scheduler, adder: PrefillAdder, cost: RoundCost) -> float | None:
+def _never_waits(sched: Scheduler, adder: PrefillAdder, cost: RoundCost,
+                 queue: QueueIndex) -> bool:
+    """core/cost.py `never_waits` on this scan's facts."""
+    batch = adder.running_batch  # NOTE: the scan's (adapter/reqs.py `rows_running`)
+    dec = decoding(sched, batch)  # NOTE: O(rows): counted once a scan
+    return never_waits(cost.fit.decision_coeffs, queue.lens, rows_running(batch),
+                       int(budget_left(adder)), sched.max_running_requests, cost.host_s(),
+                       adder.page_size, idle_wait(sched, cost, dec), dec)
+
+
+def idle_wait(sched: Scheduler, cost: RoundCost, decoding: int) -> float | None:
     """What a wait that launches nothing costs in host time (core/cost.py
-    RoundView.idle_wait_s), where one is possible: an extend in flight, nothing decoding next
-    (Scan.launches_nothing asks the rest per candidate); None otherwise."""
-    if next(inflight_reqs(sched), None) is None or decoding(sched, adder.running_batch):
+    RoundView.idle_wait_s), where one is possible: an extend in flight, nothing `decoding`
+    next (Scan.launches_nothing asks the rest per candidate); None otherwise."""
+    if next(inflight_reqs(sched), None) is None or decoding:
         return None
     return cost.idle_wait_s()
 
