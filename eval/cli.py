@@ -83,13 +83,22 @@ def non_negative(kind: type, what: str | None = None) -> Callable[[str], Any]:
     return _checked(kind, what, lambda x: 0 <= x < float("inf"), "a finite number >= 0")
 
 
+def server_words(p: argparse.ArgumentParser, server_args: str) -> list[str]:
+    """--server-args split as a shell would, or an argument error naming the flag."""
+    import shlex
+
+    try:
+        return shlex.split(server_args)
+    except ValueError as e:  # NOTE: an unclosed quote: shlex says "No closing quotation"
+        p.error(f"--server-args: {e} in {server_args!r}; quote each SGLang flag's value "
+                "as a shell would")
+
+
 def check_overlap(p: argparse.ArgumentParser, overlap: bool, server_args: str) -> None:
     """--overlap with no_buffer in --server-args: SGLang refuses to start such a server
     (arg_groups/mamba_hook.py `validate_mamba_no_buffer`: no_buffer runs without overlap), so
     every run of the series would fail at start-up. An argument error instead, naming both."""
-    import shlex
-
-    words = shlex.split(server_args)
+    words = server_words(p, server_args)
     layout = next((w.split("=", 1)[1] for w in words
                    if w.startswith("--mamba-radix-cache-strategy=")), None)
     if "--mamba-radix-cache-strategy" in words[:-1]:

@@ -191,6 +191,7 @@ def test_argument_errors_name_the_flag_and_the_allowed_values(capsys, tmp_path):
                    ["--mamba-radix-cache-strategy=no_buffer"]):
         err = _error(capsys, "--overlap", f"--server-args={' '.join(layout)}")
         assert "--overlap" in err and "no_buffer" in err and "extra_buffer" in err
+    assert "--server-args: No closing quotation" in _error(capsys, "--server-args=--x 'y")
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, '
                      '"hash_ids": [1]}\n{"timestamp": 5}\n')

@@ -47,6 +47,8 @@ def _error(capsys, *argv: str) -> str:
     (["--workload", "nsample", "--nsample-mode", "hot"], "argument --nsample-mode"),
     (["--overlap", "--server-args", "--mamba-radix-cache-strategy no_buffer"],
      "--overlap: the no_buffer layout"),
+    (["--server-args", "--served-model-name 'a b"],
+     "--server-args: No closing quotation in \"--served-model-name 'a b\""),
 ])
 def test_bad_workload_flags_name_the_flag(argv, message, capsys):
     assert message in _error(capsys, *argv)
