@@ -251,8 +251,7 @@ def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
 
     from radixflow_sglang.adapter.entry import activate
 
-    server_args = prepare_server_args(rest)
-    server_args.resolve_once()
+    server_args = resolved_server_args(prepare_server_args(rest))
     # NOTE: checks for every policy; the resolved args give the line the model's theta
     activate(cfg, f"launcher, executor {executor}", executor, server_args=server_args)
     ranks = server_args.dp_size * server_args.tp_size * server_args.pp_size
@@ -264,6 +263,25 @@ def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
         launch_server(server_args, run_scheduler_process_func=entry)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+def resolved_server_args(server_args):
+    """SGLang's own resolution of its arguments (server_args.py `resolve_once`), whose
+    refusals are assertions and value errors: an argument error (exit 2) with SGLang's
+    message, where a traceback told the user the same."""
+    try:
+        server_args.resolve_once()
+    except (AssertionError, ValueError) as e:
+        parser().error(f"SGLang refuses these server arguments: {e}{_hint(str(e))}")
+    return server_args
+
+
+def _hint(message: str) -> str:
+    # NOTE: SGLang names the field; the user typed (or defaulted) flags
+    if "no_buffer do not support overlap" in message:
+        return (" (--mamba-radix-cache-strategy no_buffer: add --disable-overlap-schedule, or "
+                "choose --mamba-radix-cache-strategy extra_buffer)")
+    return ""
+
 
 if __name__ == "__main__":
     main()

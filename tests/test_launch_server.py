@@ -171,6 +171,18 @@ def test_launcher_cli_rejects_bad_policy_before_starting_anything():
     assert r.returncode == 2 and "invalid choice 'bogus'" in r.stderr
 
 
+def test_sglang_refusing_its_arguments_is_an_argument_error_naming_the_flags():
+    """SGLang asserts no_buffer runs without overlap (arg_groups/mamba_hook.py
+    `validate_mamba_no_buffer`): the launcher exits 2 with the flags, not a traceback."""
+    r = subprocess.run([sys.executable, "-m", "radixflow_sglang.launch_server",
+                        "--mamba-radix-cache-strategy", "no_buffer"], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert "SGLang refuses these server arguments: no_buffer do not support overlap" in r.stderr
+    assert "add --disable-overlap-schedule" in r.stderr
+
+
 def test_launcher_help_lists_the_radixflow_flags_with_their_choices_and_sglangs():
     r = subprocess.run([sys.executable, "-m", "radixflow_sglang.launch_server", "--help"],
                        capture_output=True, text=True, timeout=600)
