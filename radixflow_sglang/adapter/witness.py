@@ -125,8 +125,8 @@ class Witness:
 
     def _extend_one(self, req, pre: int, end: int, track: int | None, batch, row: int,
                     override: Override | None) -> int:
-        fill = np.frombuffer(req.full_untruncated_fill_ids, dtype=np.int64)[:end]
         rec = self._seq(req)
+        fill = _row_tokens(req, rec, end)
         tab = self.hasher.table(fill)
         expect = tab.at(pre)
         fp = Fp(end, 0, 0)
@@ -313,3 +313,15 @@ def run_deferred_mamba_cow(pool, batch) -> None:
 def _first_full_layer(kv_pool) -> int:
     mapping = getattr(kv_pool, "full_attention_layer_id_mapping", None)
     return min(mapping) if mapping else 0
+
+
+def _row_tokens(req, rec: _Seq, end: int) -> np.ndarray:
+    """An extend row's tokens up to `end`. A decoding request's row in an extend batch
+    (`--enable-mixed-chunk`: schedule_batch.py `mix_with_running`; DP attention's
+    `convert_decode_to_extend`) extends one token at seq_len - 1, which under overlap is still
+    in flight: `end` runs one past full_untruncated_fill_ids (upstream's own note there). The
+    witness sampled that token itself: its record has it."""
+    ids = req.full_untruncated_fill_ids
+    if end > len(ids) and len(rec.toks) >= end:
+        return rec.toks[:end]
+    return np.frombuffer(ids, dtype=np.int64)[:end]
