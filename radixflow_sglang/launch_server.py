@@ -265,11 +265,13 @@ def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
         kill_process_tree(os.getpid(), include_parent=False)
 
 def resolved_server_args(server_args):
-    """SGLang's own resolution of its arguments (server_args.py `resolve_once`), whose
-    refusals are assertions and value errors: an argument error (exit 2) with SGLang's
-    message, where a traceback told the user the same."""
+    """SGLang's own resolution and checks of its arguments (server_args.py `resolve_once`,
+    `check_server_args`, which upstream's launch runs again), whose refusals are assertions
+    and value errors: an argument error (exit 2) with SGLang's message, where a traceback
+    told the user the same."""
     try:
         server_args.resolve_once()
+        server_args.check_server_args()
     except (AssertionError, ValueError) as e:
         parser().error(f"SGLang refuses these server arguments: {e}{_hint(str(e))}")
     return server_args

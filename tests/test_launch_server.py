@@ -171,16 +171,22 @@ def test_launcher_cli_rejects_bad_policy_before_starting_anything():
     assert r.returncode == 2 and "invalid choice 'bogus'" in r.stderr
 
 
-def test_sglang_refusing_its_arguments_is_an_argument_error_naming_the_flags():
-    """SGLang asserts no_buffer runs without overlap (arg_groups/mamba_hook.py
-    `validate_mamba_no_buffer`): the launcher exits 2 with the flags, not a traceback."""
-    r = subprocess.run([sys.executable, "-m", "radixflow_sglang.launch_server",
-                        "--mamba-radix-cache-strategy", "no_buffer"], capture_output=True,
-                       text=True, timeout=600)
+@pytest.mark.parametrize("argv, needles", [
+    # arg_groups/mamba_hook.py `validate_mamba_no_buffer`, in resolve_once
+    (["--mamba-radix-cache-strategy", "no_buffer"],
+     ["no_buffer do not support overlap", "add --disable-overlap-schedule"]),
+    # arg_groups/validation_hook.py `check_server_args`, which upstream runs at launch
+    (["--enable-priority-scheduling", "--schedule-policy", "lpm"],
+     ["schedule_policy must be 'fcfs' or 'lof'"]),
+])
+def test_sglang_refusing_its_arguments_is_an_argument_error(argv, needles):
+    """The launcher exits 2 with SGLang's message (and the flags to change), no traceback."""
+    r = subprocess.run([sys.executable, "-m", "radixflow_sglang.launch_server", *argv],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert "SGLang refuses these server arguments: no_buffer do not support overlap" in r.stderr
-    assert "add --disable-overlap-schedule" in r.stderr
+    assert "SGLang refuses these server arguments: " in r.stderr
+    assert all(n in r.stderr for n in needles), r.stderr[-1000:]
 
 
 def test_launcher_help_lists_the_radixflow_flags_with_their_choices_and_sglangs():
