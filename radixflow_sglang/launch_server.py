@@ -252,6 +252,8 @@ def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
     from radixflow_sglang.adapter.entry import activate
 
     server_args = resolved_server_args(prepare_server_args(rest))
+    if executor == "simulated" and (why := cpu_limit(server_args)) is not None:
+        parser().error(why)
     # NOTE: checks for every policy; the resolved args give the line the model's theta
     activate(cfg, f"launcher, executor {executor}", executor, server_args=server_args)
     ranks = server_args.dp_size * server_args.tp_size * server_args.pp_size
@@ -263,6 +265,23 @@ def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
         launch_server(server_args, run_scheduler_process_func=entry)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+def cpu_limit(server_args) -> str | None:
+    """What SGLang 0.5.23 itself cannot run on CPU (the simulated executor's device), stock
+    or not: each dies in the scheduler processes at start-up with a CUDA error."""
+    if server_args.tp_size > 1:
+        return (f"--tp-size {server_args.tp_size}: the simulated executor runs on CPU, where "
+                "SGLang 0.5.23 builds an NCCL communicator for each tensor-parallel group "
+                "(distributed/parallel_state.py init_model_parallel_group) and fails; use "
+                "--dp-size N for several CPU scheduler ranks, or a GPU (--radixflow-executor "
+                "model)")
+    if server_args.enable_hierarchical_cache:
+        return ("--enable-hierarchical-cache: the simulated executor runs on CPU, and SGLang "
+                "0.5.23's host KV pool registers its memory with CUDA (mem_cache/pool_host/"
+                "common.py alloc_with_host_register); drop the flag, or use a GPU "
+                "(--radixflow-executor model)")
+    return None
+
 
 def resolved_server_args(server_args):
     """SGLang's own resolution and checks of its arguments (server_args.py `resolve_once`,

@@ -174,18 +174,23 @@ def test_launcher_cli_rejects_bad_policy_before_starting_anything():
 @pytest.mark.parametrize("argv, needles", [
     # arg_groups/mamba_hook.py `validate_mamba_no_buffer`, in resolve_once
     (["--mamba-radix-cache-strategy", "no_buffer"],
-     ["no_buffer do not support overlap", "add --disable-overlap-schedule"]),
+     ["SGLang refuses these server arguments: ", "no_buffer do not support overlap",
+      "add --disable-overlap-schedule"]),
     # arg_groups/validation_hook.py `check_server_args`, which upstream runs at launch
     (["--enable-priority-scheduling", "--schedule-policy", "lpm"],
-     ["schedule_policy must be 'fcfs' or 'lof'"]),
+     ["SGLang refuses these server arguments: ", "schedule_policy must be 'fcfs' or 'lof'"]),
+    # SGLang's TP groups build NCCL communicators: on CPU every rank dies at start-up
+    (["--radixflow-executor", "simulated", "--tp-size", "2"],
+     ["--tp-size 2: the simulated executor runs on CPU", "use --dp-size N"]),
+    (["--radixflow-executor", "simulated", "--enable-hierarchical-cache"],
+     ["--enable-hierarchical-cache: the simulated executor runs on CPU"]),
 ])
-def test_sglang_refusing_its_arguments_is_an_argument_error(argv, needles):
-    """The launcher exits 2 with SGLang's message (and the flags to change), no traceback."""
+def test_arguments_sglang_cannot_serve_are_an_argument_error(argv, needles):
+    """The launcher exits 2 with the reason (and the flags to change), no traceback."""
     r = subprocess.run([sys.executable, "-m", "radixflow_sglang.launch_server", *argv],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert "SGLang refuses these server arguments: " in r.stderr
     assert all(n in r.stderr for n in needles), r.stderr[-1000:]
 
 
