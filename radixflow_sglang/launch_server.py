@@ -269,12 +269,12 @@ def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
 def cpu_limit(server_args) -> str | None:
     """What SGLang 0.5.23 itself cannot run on CPU (the simulated executor's device), stock
     or not: each dies in the scheduler processes at start-up with a CUDA error."""
-    if server_args.tp_size > 1:
-        return (f"--tp-size {server_args.tp_size}: the simulated executor runs on CPU, where "
-                "SGLang 0.5.23 builds an NCCL communicator for each tensor-parallel group "
-                "(distributed/parallel_state.py init_model_parallel_group) and fails; use "
-                "--dp-size N for several CPU scheduler ranks, or a GPU (--radixflow-executor "
-                "model)")
+    for flag, size in (("--tp-size", server_args.tp_size), ("--pp-size", server_args.pp_size)):
+        if size > 1:
+            return (f"{flag} {size}: the simulated executor runs on CPU, where SGLang 0.5.23 "
+                    "builds an NCCL communicator for each model-parallel group (distributed/"
+                    "parallel_state.py init_model_parallel_group) and fails; use --dp-size N "
+                    "for several CPU scheduler ranks, or a GPU (--radixflow-executor model)")
     if server_args.enable_hierarchical_cache:
         return ("--enable-hierarchical-cache: the simulated executor runs on CPU, and SGLang "
                 "0.5.23's host KV pool registers its memory with CUDA (mem_cache/pool_host/"

@@ -182,6 +182,8 @@ def test_launcher_cli_rejects_bad_policy_before_starting_anything():
     # SGLang's TP groups build NCCL communicators: on CPU every rank dies at start-up
     (["--radixflow-executor", "simulated", "--tp-size", "2"],
      ["--tp-size 2: the simulated executor runs on CPU", "use --dp-size N"]),
+    (["--radixflow-executor", "simulated", "--pp-size", "2"],
+     ["--pp-size 2: the simulated executor runs on CPU", "use --dp-size N"]),
     (["--radixflow-executor", "simulated", "--enable-hierarchical-cache"],
      ["--enable-hierarchical-cache: the simulated executor runs on CPU"]),
 ])
