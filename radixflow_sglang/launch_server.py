@@ -14,7 +14,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,20 +266,23 @@ def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
 
-def cpu_limit(server_args) -> str | None:
+def cpu_limit(server_args, name: Callable[[str], str] = lambda f: "--" + f.replace("_", "-")
+              ) -> str | None:
     """What SGLang 0.5.23 itself cannot run on CPU (the simulated executor's device), stock
-    or not: each dies in the scheduler processes at start-up with a CUDA error."""
-    for flag, size in (("--tp-size", server_args.tp_size), ("--pp-size", server_args.pp_size)):
-        if size > 1:
-            return (f"{flag} {size}: the simulated executor runs on CPU, where SGLang 0.5.23 "
-                    "builds an NCCL communicator for each model-parallel group (distributed/"
-                    "parallel_state.py init_model_parallel_group) and fails; use --dp-size N "
-                    "for several CPU scheduler ranks, or a GPU (--radixflow-executor model)")
+    or not: each dies in the scheduler processes at start-up with a CUDA error. `name`: how
+    the caller spells a setting (a flag here, a keyword for the Engine)."""
+    for field in ("tp_size", "pp_size"):
+        if (size := getattr(server_args, field)) > 1:
+            return (f"{name(field)} {size}: the simulated executor runs on CPU, where SGLang "
+                    "0.5.23 builds an NCCL communicator for each model-parallel group "
+                    "(distributed/parallel_state.py init_model_parallel_group) and fails; use "
+                    f"{name('dp_size')} N for several CPU scheduler ranks, or a GPU "
+                    f"({name('radixflow_executor')} model)")
     if server_args.enable_hierarchical_cache:
-        return ("--enable-hierarchical-cache: the simulated executor runs on CPU, and SGLang "
-                "0.5.23's host KV pool registers its memory with CUDA (mem_cache/pool_host/"
-                "common.py alloc_with_host_register); drop the flag, or use a GPU "
-                "(--radixflow-executor model)")
+        return (f"{name('enable_hierarchical_cache')}: the simulated executor runs on CPU, and "
+                "SGLang 0.5.23's host KV pool registers its memory with CUDA (mem_cache/"
+                "pool_host/common.py alloc_with_host_register); drop it, or use a GPU "
+                f"({name('radixflow_executor')} model)")
     return None
 
 

@@ -138,6 +138,20 @@ def test_a_bad_setting_fails_construction_naming_it(kwargs, env, needle, monkeyp
     assert {p.pid for p in psutil.Process().children()} == before  # nothing was started
 
 
+def test_model_parallelism_on_the_simulated_executor_fails_before_any_process_starts():
+    """SGLang 0.5.23 builds NCCL communicators for TP groups, on CPU too: the spawned ranks
+    died with a CUDA error (launch_server.py `cpu_limit`, here with keyword names)."""
+    import psutil
+
+    from radixflow_sglang import Engine
+
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(ValueError, match=r"^tp_size 2: the simulated executor runs on CPU.*"
+                                         r"use dp_size N"):
+        Engine(radixflow_executor="simulated", tp_size=2)
+    assert {p.pid for p in psutil.Process().children()} == before
+
+
 def test_an_unknown_radixflow_keyword_lists_the_known_ones():
     from radixflow_sglang import Engine
 

@@ -37,6 +37,7 @@ from radixflow_sglang.config import (  # noqa: E402
 )
 from radixflow_sglang.launch_server import (  # noqa: E402
     child_env,
+    cpu_limit,
     cpu_rank_binding,
     gpu_available,
     scheduler_entry,
@@ -108,6 +109,8 @@ class Engine(_UpstreamEngine):
         executor = executor or ("model" if gpu_available() else "simulated")
         load_plugins()  # NOTE: upstream's, idempotent: run against the caller's own variables
         server_args = self._server_args(sglang_kwargs(kwargs, executor), executor)
+        if executor == "simulated" and (why := cpu_limit(server_args, lambda f: f)) is not None:
+            raise ValueError(why)  # NOTE: before any process starts (launch_server.py's check)
         ranks = server_args.dp_size * server_args.tp_size * server_args.pp_size
         self.radixflow_config, self.radixflow_executor = cfg, executor
         # NOTE: an instance attribute shadows upstream's class attribute (engine.py reads
