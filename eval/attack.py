@@ -11,7 +11,9 @@ Run it against `python -m radixflow_sglang.launch_server` with the SGLang flags 
 * `--waves` waves of `--requests` concurrent requests on four shared 1,500-token prefixes,
   max_new_tokens 50 / 300 / 600: one in five asks n = 3, one in eleven streams, one in three
   carries a priority, one in seven disconnects after 0.5 or 2 s; every ninth is aborted by
-  /abort_request and the last wave gets abort_all; /flush_cache is sent mid-wave;
+  /abort_request, each wave is paused as an RL framework's weight sync does
+  (/pause_generation in retract mode with a cache flush, in_place, abort; then
+  /continue_generation), the last wave gets abort_all, and /flush_cache is sent mid-wave;
 * five lone requests once the server is idle.
 
 Checks (each failure is named): no answer is a server error (5xx other than a queue limit's
@@ -42,6 +44,7 @@ from eval import cli
 LONE = 5  # lone requests on the idle server: each must scan quiet (a cost-aware rule)
 DOCS = 4  # shared prefixes a wave's requests use
 DOC_LEN = 1_500
+PAUSES = ("retract", "in_place", "abort")  # /pause_generation modes, one a wave in turn
 
 
 def post(base: str, path: str, body: Any, timeout: float = 120.0) -> int | None:
@@ -91,8 +94,19 @@ def wave_request(rng: random.Random, k: int, i: int, docs: Sequence[list[int]]) 
             "timeout": rng.choice([0.5, 2.0]) if i % 7 == 0 else 300.0, "extra": extra}
 
 
+def pause(base: str, mode: str) -> None:
+    """An RL framework's weight sync mid-wave: /pause_generation in `mode` (retract: running
+    requests go back to the queue, and the cache is flushed as after new weights; in_place;
+    abort), then /continue_generation."""
+    post(base, "/pause_generation", {"mode": mode})
+    if mode == "retract":
+        post(base, "/flush_cache", {})
+    post(base, "/continue_generation", {})
+
+
 def run_wave(base: str, rng: random.Random, k: int, n: int, last: bool) -> Counter:
-    """One wave, its aborts and a mid-wave flush; the answers' status counts."""
+    """One wave, its aborts, a pause (PAUSES, in turn) and a mid-wave flush; the answers'
+    status counts."""
     docs = [tokens(100 * k + d, DOC_LEN) for d in range(DOCS)]
     codes: Counter = Counter()
     lock = threading.Lock()
@@ -109,6 +123,7 @@ def run_wave(base: str, rng: random.Random, k: int, n: int, last: bool) -> Count
         t.start()
     for i in range(0, n, 9):
         post(base, "/abort_request", {"rid": f"atk{k}-{i}"})
+    pause(base, PAUSES[k % len(PAUSES)])
     if last:
         post(base, "/abort_request", {"rid": "", "abort_all": True})
     post(base, "/flush_cache", {})
