@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from eval import cli
+from radixflow_sglang.testing.server import http_json
 
 LONE = 5  # lone requests on the idle server: each must scan quiet (a cost-aware rule)
 DOCS = 4  # shared prefixes a wave's requests use
@@ -63,8 +64,7 @@ def post(base: str, path: str, body: Any, timeout: float = 120.0) -> int | None:
 
 def ranks(base: str) -> list[dict]:
     """Every rank's internal state (/server_info `internal_states`)."""
-    with urllib.request.urlopen(base + "/server_info", timeout=60) as r:
-        return json.loads(r.read())["internal_states"]
+    return http_json(base + "/server_info", timeout=60)["internal_states"]
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -134,8 +134,7 @@ def run_wave(base: str, rng: random.Random, k: int, n: int, last: bool) -> Count
 
 def busy(base: str) -> bool:
     """Some rank runs or queues a request (SGLang's /v1/loads; a parked request is queued)."""
-    with urllib.request.urlopen(base + "/v1/loads", timeout=60) as r:
-        loads = json.loads(r.read())["loads"]
+    loads = http_json(base + "/v1/loads", timeout=60)["loads"]
     return any(x["num_running_reqs"] or x["num_waiting_reqs"] for x in loads)
 
 
