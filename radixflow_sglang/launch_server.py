@@ -266,6 +266,7 @@ def serve(cfg: RadixFlowConfig, executor: str, rest: list[str]) -> None:
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
 
+
 def cpu_limit(server_args, name: Callable[[str], str] = lambda f: "--" + f.replace("_", "-")
               ) -> str | None:
     """What SGLang 0.5.23 itself cannot run on CPU (the simulated executor's device), stock
