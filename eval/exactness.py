@@ -2,10 +2,13 @@
 witness executor (every resumed state and KV slot checked against its prefix).
 
     python -m eval.exactness --requests 2500 --out out/exactness [--policies stock,radixflow]
+        [--mixed-chunk]
 
 Configurations: Qwen3.5 (GDN) and Nemotron-H (Mamba2) geometries; extra_buffer with and without
 overlap, page size 1 and 16; no_buffer; outputs of 1-16 ids without ignore_eos (decode,
 retract_decode); with overlap, in-flight retraction; aborts at 5 % (a storm config at 25 %);
+`--mixed-chunk` runs every configuration with SGLang's `--enable-mixed-chunk` (decode rows ride
+in prefill rounds);
 tight pools (a few thousand KV tokens, the minimum mamba slots for the layout,
 testing/harness.py `mamba_slots_for`). A mismatch fails that policy's run with the request,
 depth and expected vs found fingerprint; so do the soak harness's invariants.
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"comma-separated, from: {', '.join(CONFIGS)}")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mixed-chunk", action="store_true",
+                   help="SGLang's --enable-mixed-chunk in every configuration")
     args = p.parse_args(argv)
     names = args.configs.split(",")
     unknown = [n for n in names if n not in CONFIGS]
@@ -58,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, totals, failed = [], {"requests": 0, "verified": 0, "mismatched": 0}, 0
     t0 = time.perf_counter()
     for name in names:
-        cfg = replace(CONFIGS[name], seed=args.seed)
+        cfg = replace(CONFIGS[name], seed=args.seed, mixed_chunk=args.mixed_chunk)
         arrivals = soak_workload(args.requests, cfg.rate, cfg.seed, cfg.abort_frac)
         for policy in args.policies:
             try:
@@ -70,32 +75,36 @@ def main(argv: list[str] | None = None) -> int:
             failed += bool(row["error"] or row["violations"])
             for k in totals:
                 totals[k] += row.get(k) or 0
-            print(_line(row), flush=True)
-    doc = {"requests_per_run": args.requests, "seed": args.seed, "totals": totals,
+            print(_line(row, args.mixed_chunk), flush=True)
+    doc = {"requests_per_run": args.requests, "seed": args.seed,
+           "mixed_chunk": args.mixed_chunk, "totals": totals,
            "runs": rows, "wall_s": round(time.perf_counter() - t0, 1)}
     (out / "exactness.json").write_text(json.dumps(doc, indent=1))
     print(f"total: {totals['verified']} of {totals['requests']} computed requests verified, "
-          f"{totals['mismatched']} mismatched, {failed} failed runs ({doc['wall_s']}s)")
+          f"{totals['mismatched']} mismatched, {failed} failed runs"
+          + (", mixed chunk" if args.mixed_chunk else "") + f" ({doc['wall_s']}s)")
     return 1 if failed or totals["mismatched"] else 0
 
 
 def _row(res: dict) -> dict:
     if "error" in res:
         return {"error": res["error"], "requests": 0, "verified": 0, "mismatched": 0,
-                "violations": 0}
+                "mixed_rounds": 0, "violations": 0}
     return {"error": None, "requests": res["witness_requests"],
             "verified": res["witness_verified"], "mismatched": res["witness_mismatched"],
             "resumed": res["witness_resumed"], "retracted": res["retracted"],
-            "aborted": res["aborted"], "violations": res["violations"]}
+            "aborted": res["aborted"], "mixed_rounds": res["mixed_rounds"],
+            "violations": res["violations"]}
 
 
-def _line(row: dict) -> str:
+def _line(row: dict, mixed: bool = False) -> str:
     if row["error"]:
         return f"{row['config']:26} {row['policy']:12} FAILED: {row['error']}"
     return (f"{row['config']:26} {row['policy']:12} verified {row['verified']:>6} of "
             f"{row['requests']:>6}  mismatched {row['mismatched']}  resumed {row['resumed']:>6}"
             f"  retracted {row['retracted']:>5}  aborted {row['aborted']:>4}  "
-            f"violations {row['violations']}")
+            + (f"mixed rounds {row['mixed_rounds']:>5}  " if mixed else "")
+            + f"violations {row['violations']}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python -m eval.soak --requests 10000 --out out/soak [--policies stock,radix,...]
         [--model qwen3.5-4b] [--layout extra_buffer] [--seed 0] [--overlap]
-        [--mamba-slots N | --mamba-extra N]
+        [--mamba-slots N | --mamba-extra N] [--mixed-chunk]
 
 For each policy a fresh `Kit` (SGLang 0.5.23's pools, UnifiedRadixCache, Req and prefill scan,
 stock or ours) replays the same seeded request stream in virtual time:
@@ -18,6 +18,9 @@ stock or ours) replays the same seeded request stream in virtual time:
 * With `--overlap`, requests whose batch is in flight are sometimes retracted as SGLang's
   `release_req` does (KV released without insert, `reset_for_retract`) and re-queued once
   their batch's result is processed.
+* With `--mixed-chunk` (SGLang's `--enable-mixed-chunk`, `KitConfig.mixed_chunk`), a prefill
+  that forms while requests decode carries their decode rows (needs `--max-new-tokens` > 1
+  for anything to decode); the harness counts those rows as decode steps, not chunks.
 * The pools are tight (a few thousand KV tokens, a few dozen mamba slots), so published states
   are evicted all the time.
 
@@ -130,6 +133,7 @@ class SoakConfig:
     seed: int = 0
     page_size: int = 1  # KV page (extra_buffer only, as SGLang)
     max_new_tokens: int = 1  # each request generates 1..this many ids (decode, retract_decode)
+    mixed_chunk: bool = False  # --enable-mixed-chunk: decode rows ride in prefill rounds
 
 
 
@@ -153,7 +157,8 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
         slots = cfg.mamba_slots or mamba_slots_for(cfg.layout, cfg.rows, cfg.overlap)
         kit = Kit(KitConfig(model=cfg.model, layout=cfg.layout, rows=cfg.rows, tokens=cfg.tokens,
                             kv_tokens=cfg.kv_tokens, mamba_slots=slots if geo_hybrid else None,
-                            overlap=cfg.overlap, page_size=cfg.page_size),
+                            overlap=cfg.overlap, page_size=cfg.page_size,
+                            mixed_chunk=cfg.mixed_chunk),
                   policy=policy, clock=clock, sleep=clock.sleep)
         h = Harness(kit, clock)
         cost = default_cost(cfg.model)
@@ -189,8 +194,7 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
                     if rng.random() < cfg.retract_prob:
                         h.retract(req)
 
-        loop = VirtualLoop(kit, lambda rnd: cost.step(rnd) if rnd.mode == "decode"
-                           else cost.batch(rnd.extend, rnd.prefix), stepper=h,
+        loop = VirtualLoop(kit, lambda rnd: round_cost(cost, rnd), stepper=h,
                            clock=clock, log=h.completions, before_step=before_step,
                            on_complete=ended, label=policy)
         now = loop.run(arrivals, lambda a: a.t, submit)
@@ -200,6 +204,18 @@ def run_policy(policy: str, arrivals: list[Arrival], cfg: SoakConfig,
     out = summarize(policy, h, leaks, kit, cfg, time.perf_counter() - t_wall, now)
     out["abort_attempts"] = state["attempts"]
     return out
+
+
+def round_cost(cost: Any, rnd: Any) -> float:
+    """A kit round's cost: a decode step, or a prefill batch whose mixed decode rows
+    (`Round.decoding`) are the one-token extends at seq_len - 1 that SGLang runs them as."""
+    if rnd.mode == "decode":
+        return cost.step(rnd)
+    if not rnd.decoding:
+        return cost.batch(rnd.extend, rnd.prefix)
+    extend = {**rnd.extend, **dict.fromkeys(rnd.decoding, 1)}
+    prefix = {**rnd.prefix, **{rid: n - 1 for rid, n in rnd.decoding.items()}}
+    return cost.batch(extend, prefix)
 
 
 def deciles(xs: Sequence[float]) -> list[float]:
@@ -236,6 +252,9 @@ def summarize(policy: str, h: Harness, leaks: dict[str, int], kit: Any, cfg: Soa
         "scan_cpu_ms_per_round_by_decile": [round(x, 4) for x in scan_ms],
         "scans": len(h.scan_cpu_s),
         "rounds": h.rounds,
+        "decode_steps": h.decode_steps,
+        "mixed_rounds": h.mixed_rounds,  # prefill rounds that carried decode rows
+        "mixed_decode_rows": h.mixed_decode_rows,
         "queue_len_first_decile": round(q[0], 2),
         "queue_len_last_decile": round(q[-1], 2),
         "queue_len_by_decile": [round(x, 2) for x in q],
@@ -324,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=cli.positive(int, "an integer"), default=1,
                    help="each request generates 1..N ids (N > 1: decode, without ignore_eos, "
                         "so retract_decode runs when KV runs out)")
+    p.add_argument("--mixed-chunk", action="store_true",
+                   help="SGLang's --enable-mixed-chunk: running requests' decode rows ride in "
+                        "prefill rounds (with --max-new-tokens > 1)")
     p.add_argument("--rows", type=cli.positive(int, "an integer"), default=SoakConfig.rows)
     p.add_argument("--tokens", type=cli.positive(int, "an integer"), default=SoakConfig.tokens)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -345,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SoakConfig(model=args.model, layout=args.layout, overlap=args.overlap, rows=args.rows,
                      tokens=args.tokens, kv_tokens=args.kv_tokens, mamba_slots=mamba_slots,
                      rate=args.rate, abort_frac=args.abort_frac, seed=args.seed,
-                     page_size=args.page_size, max_new_tokens=args.max_new_tokens)
+                     page_size=args.page_size, max_new_tokens=args.max_new_tokens,
+                     mixed_chunk=args.mixed_chunk)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -405,7 +428,8 @@ def run_all(args: argparse.Namespace, cfg: SoakConfig, arrivals: list[Arrival],
                   f"{res['scan_cpu_ms_per_round_last_decile']:.3f} "
                   f"witness {res.get('witness_verified', '-')} verified "
                   f"{res.get('witness_mismatched', '-')} mismatched "
-                  f"violations={res['violations']} ({res['wall_s']:.1f}s)", file=sys.stderr)
+                  + (f"mixed rounds={res['mixed_rounds']} " if args.mixed_chunk else "")
+                  + f"violations={res['violations']} ({res['wall_s']:.1f}s)", file=sys.stderr)
 
 
 if __name__ == "__main__":

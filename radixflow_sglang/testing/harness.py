@@ -39,6 +39,10 @@ class Violations:
 class Harness:
     """Drives one Kit step by step and checks its invariants after every step.
 
+    A mixed round's decode rows (`Round.decoding`, `KitConfig.mixed_chunk`) are decode steps:
+    of requests that were running and had computed their prompt; they take rows and tokens of
+    the round's budgets but no part in chunk chains, coverage or cache hits.
+
     `retract` mirrors SGLang's `release_req` for a request whose batch is in flight (overlap):
     the KV is released without insert, the request reset, and it is re-queued once its batch's
     result has been processed (as the scheduler re-queues retracted requests before the next
@@ -79,6 +83,11 @@ class Harness:
         self._kv_total = kit.pools.allocator.available_size()
         self._mamba_total = kit.mamba_free()
         self.decode_steps = 0
+        # --enable-mixed-chunk (KitConfig.mixed_chunk): prefill rounds that carried decode rows,
+        # and those rows (each one decode step of its request)
+        self.mixed_rounds = 0
+        self.mixed_decode_rows = 0
+        self._running: set[str] = set()  # rids in the running batch when the step began
         self.decode_retractions = 0  # retract_decode's (the kit's own, under KV pressure)
         kit.on_scan = self._scanned
         kit.on_retract = self._decode_retracted
@@ -162,7 +171,12 @@ class Harness:
 
     def step(self) -> Any:
         self._requeue()
-        chunked = self.kit.sched.chunked_req
+        sched = self.kit.sched
+        chunked = sched.chunked_req
+        # NOTE: the requests a mixed round's decode rows may come from: the running batch and
+        # the last batch, which get_next_batch_to_run merges into it before the scan
+        self._running = {r.rid for b in (sched.running_batch, sched.last_batch)
+                         if b is not None for r in b.reqs}
         rnd = self.kit.step()
         self.steps += 1
         self._requeue()
@@ -199,13 +213,21 @@ class Harness:
         self.scheduled_tokens += rnd.scheduled_tokens
         if self.shapes is not None:
             self.shapes.append((rnd.rids, rnd.extend, rnd.prefix, rnd.track, rnd.chunked))
-        if len(rnd.rids) > self.rows:
-            v.add("row_budget", f"round {rnd.index}: {len(rnd.rids)} rows > {self.rows}")
-        if rnd.scheduled_tokens > self.tokens:
-            v.add("token_budget",
-                  f"round {rnd.index}: {rnd.scheduled_tokens} tokens > {self.tokens}")
-        if len(set(rnd.rids)) != len(rnd.rids):
-            v.add("duplicate_row", f"round {rnd.index}: {rnd.rids}")
+        # NOTE: a mixed round's decode rows (Round.decoding) take a row and one token each
+        # (SGLang's PrefillAdder is given the running rows as `num_mixed_decode_tokens`);
+        # chunk chains, coverage and cache hits read the prefill rows only
+        decoding = list(rnd.decoding)
+        rows, tokens = len(rnd.rids) + len(decoding), rnd.scheduled_tokens + len(decoding)
+        mixed = f" ({len(decoding)} of them decode rows)" if decoding else ""
+        if rows > self.rows:
+            v.add("row_budget", f"round {rnd.index}: {rows} rows > {self.rows}{mixed}")
+        if tokens > self.tokens:
+            v.add("token_budget", f"round {rnd.index}: {tokens} tokens > {self.tokens}{mixed}")
+        if len(set(rnd.rids + decoding)) != rows:
+            v.add("duplicate_row", f"round {rnd.index}: {rnd.rids}"
+                                   + (f" + decoding {decoding}" if decoding else ""))
+        if decoding:
+            self._check_mixed(rnd, decoding)
         for rid in rnd.rids:
             if rid not in self.lengths:
                 v.add("unknown_request", f"round {rnd.index} selects {rid!r}")
@@ -229,11 +251,29 @@ class Harness:
             v.add("row_budget", f"decode {rnd.index}: {len(rnd.rids)} rows > {self.rows}")
         if len(set(rnd.rids)) != len(rnd.rids):
             v.add("duplicate_row", f"decode {rnd.index}: {rnd.rids}")
-        for rid in rnd.rids:
+        self._check_decode_rows(f"decode {rnd.index}", rnd.rids)
+
+    def _check_mixed(self, rnd: Any, decoding: list[str]) -> None:
+        """A prefill round's decode rows (--enable-mixed-chunk): decode steps of requests
+        that were running (prefill done, not ended) when the step began."""
+        v = self.violations
+        self.mixed_rounds += 1
+        self.mixed_decode_rows += len(decoding)
+        label = f"round {rnd.index} decode row"
+        for rid in decoding:
+            if rid not in self.lengths:
+                v.add("unknown_request", f"{label} {rid!r}")
+            elif rid not in self._running:
+                v.add("mixed_not_running", f"{label} {rid!r}: not in the running batch")
+        self._check_decode_rows(label, [r for r in decoding if r in self.lengths])
+
+    def _check_decode_rows(self, label: str, rids: Sequence[str]) -> None:
+        v = self.violations
+        for rid in rids:
             if rid in self._ended:
-                v.add("selected_after_end", f"decode {rnd.index} runs ended {rid!r}")
+                v.add("selected_after_end", f"{label} runs ended {rid!r}")
             elif self._end.get(rid) != self.lengths.get(rid):
-                v.add("decode_before_prefill", f"decode {rnd.index}: {rid} computed to "
+                v.add("decode_before_prefill", f"{label}: {rid} computed to "
                                                f"{self._end.get(rid)} of {self.lengths.get(rid)}")
 
     def _check_waiting(self) -> None:

@@ -10,8 +10,10 @@ the prefill scan, else `update_running_batch`: check_decode_mem, retract_decode,
 prepare_for_decode), launch, and the real result path (batch_result_processor.py
 `SchedulerBatchResultProcessor.process_batch_result_prefill` / `_decode`) with the generated
 ids a model would have sampled: the request's scripted output, else FILLER_ID. A prefill batch
-runs when one forms, else one decode step of the running batch. Recurrent state tensors are
-shrunk (nothing reads their contents); layer layout and the checkpoint grid are the model's.
+runs when one forms, else one decode step of the running batch; with `KitConfig.mixed_chunk`
+(`--enable-mixed-chunk`) the prefill batch carries the running batch's decode rows
+(`Round.decoding`). Recurrent state tensors are shrunk (nothing reads their contents); layer
+layout and the checkpoint grid are the model's.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache  #
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+from sglang.srt.runtime_context import get_schedule  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
@@ -73,6 +76,9 @@ class KitConfig:
     tree_core: str = "python"
     disable_radix_cache: bool = False  # --disable-radix-cache: the same cache with disable=True
     page_size: int = 1  # KV page (ServerArgs.page_size); no_buffer allows only 1 (as SGLang)
+    # --enable-mixed-chunk: a prefill that forms while requests decode carries their decode
+    # rows as one-token extends (schedule_batch.py `mix_with_running`; `Round.decoding`)
+    mixed_chunk: bool = False
 
 
 @dataclass
@@ -117,6 +123,7 @@ def build_server_args(cfg: KitConfig, geo: Geometry) -> ServerArgs:
         mamba_radix_cache_strategy=cfg.layout if geo.hybrid else "auto",
         disable_overlap_schedule=not cfg.overlap,
         disable_radix_cache=cfg.disable_radix_cache,
+        enable_mixed_chunk=cfg.mixed_chunk,
     )
     # NOTE: a dummy model has no HF config to read the grid from; preset it (as build_fixture).
     args._mamba_cache_chunk_size = mamba_chunk(cfg, geo)
@@ -183,6 +190,9 @@ def _pool_attrs(s: Scheduler, pools: Pools, cfg: KitConfig, geo: Geometry) -> No
     s.max_running_requests = rows
     s.max_prefill_tokens = tokens
     s.chunked_prefill_size = tokens
+    # NOTE: as scheduler.py `Scheduler.init_chunked_prefill` derives it (0.5.23): mixed chunks
+    # need chunked prefill; the flag is read from the published server args (build_server_args)
+    s.is_mixed_chunk = s.chunked_prefill_size is not None and get_schedule().enable_mixed_chunk
     s.dynamic_chunk_sizer = None
     s.max_prefill_bs = 0
     s.enable_overlap = cfg.overlap
@@ -190,8 +200,7 @@ def _pool_attrs(s: Scheduler, pools: Pools, cfg: KitConfig, geo: Geometry) -> No
 
 def _feature_attrs(s: Scheduler) -> None:
     """SGLang features the kit runs without: off (and their counters at zero), as a server
-    without their flags has them."""
-    s.is_mixed_chunk = False
+    without their flags has them. (`is_mixed_chunk`: KitConfig.mixed_chunk, `_pool_attrs`.)"""
     s.enable_lora = False
     s.lora_drainer = None
     s.enable_priority_preemption = False
@@ -289,19 +298,30 @@ def scheduler_class(policy: str, config=None) -> type[Scheduler]:
 
 @dataclass
 class Round:
-    """A launched prefill batch (`Kit.rounds`)."""
+    """A launched prefill batch (`Kit.rounds`). Its prefill rows are `rids` (with `extend`,
+    `prefix`, `track`); with `KitConfig.mixed_chunk` it may also carry the running batch's
+    decode rows (`decoding`: scheduler.py `get_new_batch_prefill` -> schedule_batch.py
+    `mix_with_running`, the batch's `decoding_reqs`), each a one-token extend at
+    seq_len - 1: a decode step of its request, not a chunk of its prompt."""
 
     index: int
-    rids: list[str]
+    rids: list[str]  # the prefill rows (a mixed batch's decode rows: `decoding`)
     extend: dict[str, int]  # rid -> tokens scheduled this round
     prefix: dict[str, int]  # rid -> ready prefix it started from
     track: dict[str, int | None]  # rid -> depth its state is published at (extra_buffer)
     chunked: str | None
     mode: str = "prefill"
+    # rid -> KV entries its decode row reads (its sequence length, as DecodeRound.cached)
+    decoding: dict[str, int] = field(default_factory=dict)
 
     @property
     def scheduled_tokens(self) -> int:
-        return sum(self.extend.values())
+        return sum(self.extend.values())  # NOTE: prefill rows only; a decode row is 1 token
+
+    @property
+    def mixed(self) -> bool:
+        """Decode rows rode along (ForwardMode.MIXED)."""
+        return bool(self.decoding)
 
 
 @dataclass
@@ -482,7 +502,8 @@ class Kit:
         s = self.sched
         if s.chunked_req is not None and s.chunked_req.extend_end > s.chunked_req.prefix_len:
             checkpoint_kv_cache(s.chunked_req, self.pools.cache)  # as get_next_batch_to_run
-        plan = s.get_new_batch_prefill(s.running_batch)  # NOTE: our override holds here
+        with _no_pinned_memory():  # NOTE: a mixed chunk runs prepare_for_decode
+            plan = s.get_new_batch_prefill(s.running_batch)  # NOTE: our override holds here
         s.running_batch = plan.running_batch
         return plan.batch_to_run
 
@@ -711,11 +732,18 @@ class Kit:
 
     def _record(self, batch: ScheduleBatch) -> Round:
         chunked = self.sched.chunked_req.rid if self.sched.chunked_req is not None else None
+        # NOTE: a mixed batch's decode rows (`decoding_reqs`, appended by mix_with_running)
+        # keep req.prefix_len from their last prefill; their row is the batch's: prefix
+        # seq_len - 1, extend 1.
+        dec = {id(r) for r in batch.decoding_reqs or ()}
+        rows = [r for r in batch.reqs if id(r) not in dec]
+        decoding = {r.rid: int(batch.prefix_lens[i]) + int(batch.extend_lens[i])
+                    for i, r in enumerate(batch.reqs) if id(r) in dec}
         rnd = Round(
-            len(self.rounds), [r.rid for r in batch.reqs],
-            {r.rid: r.extend_end - r.prefix_len for r in batch.reqs},
-            {r.rid: r.prefix_len for r in batch.reqs},
-            {r.rid: r.kv.mamba_last_track_seqlen for r in batch.reqs}, chunked,
+            len(self.rounds), [r.rid for r in rows],
+            {r.rid: r.extend_end - r.prefix_len for r in rows},
+            {r.rid: r.prefix_len for r in rows},
+            {r.rid: r.kv.mamba_last_track_seqlen for r in rows}, chunked, decoding=decoding,
         )
         self.rounds.append(rnd)
         return rnd
