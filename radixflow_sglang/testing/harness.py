@@ -83,10 +83,8 @@ class Harness:
         self._kv_total = kit.pools.allocator.available_size()
         self._mamba_total = kit.mamba_free()
         self.decode_steps = 0
-        # --enable-mixed-chunk (KitConfig.mixed_chunk): prefill rounds that carried decode rows,
-        # and those rows (each one decode step of its request)
-        self.mixed_rounds = 0
-        self.mixed_decode_rows = 0
+        # NOTE: --enable-mixed-chunk: prefill rounds that carried decode rows, and those rows
+        self.mixed_rounds = self.mixed_decode_rows = 0
         self._running: set[str] = set()  # rids in the running batch when the step began
         self.decode_retractions = 0  # retract_decode's (the kit's own, under KV pressure)
         kit.on_scan = self._scanned
@@ -213,21 +211,7 @@ class Harness:
         self.scheduled_tokens += rnd.scheduled_tokens
         if self.shapes is not None:
             self.shapes.append((rnd.rids, rnd.extend, rnd.prefix, rnd.track, rnd.chunked))
-        # NOTE: a mixed round's decode rows (Round.decoding) take a row and one token each
-        # (SGLang's PrefillAdder is given the running rows as `num_mixed_decode_tokens`);
-        # chunk chains, coverage and cache hits read the prefill rows only
-        decoding = list(rnd.decoding)
-        rows, tokens = len(rnd.rids) + len(decoding), rnd.scheduled_tokens + len(decoding)
-        mixed = f" ({len(decoding)} of them decode rows)" if decoding else ""
-        if rows > self.rows:
-            v.add("row_budget", f"round {rnd.index}: {rows} rows > {self.rows}{mixed}")
-        if tokens > self.tokens:
-            v.add("token_budget", f"round {rnd.index}: {tokens} tokens > {self.tokens}{mixed}")
-        if len(set(rnd.rids + decoding)) != rows:
-            v.add("duplicate_row", f"round {rnd.index}: {rnd.rids}"
-                                   + (f" + decoding {decoding}" if decoding else ""))
-        if decoding:
-            self._check_mixed(rnd, decoding)
+        self._check_budgets(rnd)
         for rid in rnd.rids:
             if rid not in self.lengths:
                 v.add("unknown_request", f"round {rnd.index} selects {rid!r}")
@@ -243,6 +227,25 @@ class Harness:
                 v.add("chunk_chain",
                       f"round {rnd.index}: {rid} resumes at {prefix}, not {self._end[rid]}")
             self._end[rid] = prefix + extend
+
+    def _check_budgets(self, rnd: Any) -> None:
+        """A prefill round's rows and tokens. NOTE: a mixed round's decode rows
+        (Round.decoding) take a row and one token each (SGLang's PrefillAdder is given the
+        running rows as `num_mixed_decode_tokens`); chunk chains, coverage and cache hits read
+        the prefill rows only."""
+        v = self.violations
+        decoding = list(rnd.decoding)
+        rows, tokens = len(rnd.rids) + len(decoding), rnd.scheduled_tokens + len(decoding)
+        mixed = f" ({len(decoding)} of them decode rows)" if decoding else ""
+        if rows > self.rows:
+            v.add("row_budget", f"round {rnd.index}: {rows} rows > {self.rows}{mixed}")
+        if tokens > self.tokens:
+            v.add("token_budget", f"round {rnd.index}: {tokens} tokens > {self.tokens}{mixed}")
+        if len(set(rnd.rids + decoding)) != rows:
+            v.add("duplicate_row", f"round {rnd.index}: {rnd.rids}"
+                                   + (f" + decoding {decoding}" if decoding else ""))
+        if decoding:
+            self._check_mixed(rnd, decoding)
 
     def _check_decode(self, rnd: Any) -> None:
         v = self.violations
