@@ -115,6 +115,22 @@ def calibrate(trace: str | Path | Sequence[Event], *, overlap: bool = False
     return cost, len(recs), launched
 
 
+def loop_pass(trace: str | Path | Sequence[Event]) -> tuple[float, int] | None:
+    """(median seconds, scans) of the scheduler loop's pass in a server's trace: each `round`
+    event's `pass_s`, from the loop's last launch or processed result, whichever came later, to
+    that scan (adapter/scheduler.py; only the first pass after one, so an idle wait for an
+    arrival is never in it; known only where the simulated executor says when a result was
+    ready). The twin's `loop_pass_s` (testing/loop.py). None: no scan carries one."""
+    events = read_jsonl(trace) if isinstance(trace, str | Path) else list(trace)
+    passes = sorted(float(e["pass_s"]) for e in events
+                    if e.get("event") == "round" and e.get("pass_s") is not None)
+    if not passes:
+        return None
+    n = len(passes)
+    mid = (passes[(n - 1) // 2] + passes[n // 2]) / 2
+    return mid, n
+
+
 def negative(cost: CostModel) -> list[str]:
     """The fitted terms below 0: the usable rounds do not pin the model down."""
     return [k for k in ("alpha", "beta", "gamma") if getattr(cost, k) < 0]

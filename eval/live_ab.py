@@ -479,14 +479,15 @@ def calibrated_cost(trace: Path, overlap: bool, default):
 
 def twin_pair(segments, args: argparse.Namespace, cost, layout: str,
               host=None, lag: float = 0.0, spread: float = 0.0,
-              front_end=None) -> dict[str, Any]:
+              front_end=None, loop_pass: float = 0.0) -> dict[str, Any]:
     """The twin's stock and radixflow (and, --lpm, stock-lpm) on the same requests, their
-    ratios to stock (`host`: scans charged, eval/hostcost.py; `lag`, `spread`, `front_end`:
-    the live arrivals' release lag, branch spread and front end, eval/twin.py `replay`)."""
+    ratios to stock (`host`: scans charged, eval/hostcost.py; `lag`, `spread`, `front_end`,
+    `loop_pass`: the live arrivals' release lag, branch spread and front end and the live
+    loop's pass, eval/twin.py `replay`)."""
     arms = (*ARMS, LPM) if getattr(args, "lpm", False) else ARMS
     preds = {a: run_arms.twin_prediction(run_arms.ArmSpec.of(a), segments, args.model,
                                          args.overlap, args.seed, cost, layout, host, lag,
-                                         spread, front_end)
+                                         spread, front_end, loop_pass)
              for a in arms}
     out = {"ratios": ab_report.twin_ratios(preds[ARMS[0]], preds[ARMS[1]]),
            "arms": preds, "layout": layout, "cost_model": cost.as_dict(),
@@ -571,6 +572,21 @@ def client_arrivals(w: Workload, ref: RunRecord | None, args: argparse.Namespace
                           "client sent them" if spread else "")
 
 
+def live_loop_pass(ref: RunRecord | None) -> tuple[float, str]:
+    """(seconds, note): the live radixflow run's loop pass (eval/calibrate.py `loop_pass`),
+    for the twins with the simulated executor's own cost model (the calibrated one's periods
+    hold it already); 0 where its trace has none."""
+    from eval.calibrate import loop_pass
+
+    try:
+        fit = None if ref is None else loop_pass(Path(ref.dir) / "trace.jsonl")
+    except (OSError, ValueError, KeyError) as e:
+        return 0.0, f"; loop pass 0 (not read: {e})"
+    if fit is None:
+        return 0.0, "; loop pass 0 (the live trace has none)"
+    return fit[0], f"; loop pass {fit[0] * 1e3:.2f} ms (live median of {fit[1]} scans)"
+
+
 def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespace,
                   gpu: bool) -> dict[str, Any]:
     """{"default": ..., "scans": ..., "calibrated": ..., "replay": ...}: the twin's ratios
@@ -592,12 +608,13 @@ def twin_workload(w: Workload, runs: Sequence[RunRecord], args: argparse.Namespa
         # profile (paper) the rounds, not the sender, space them; later profiles take this one
         w.release_lag_s = lag or None
     spread, fe, arrival_note = client_arrivals(w, ref, args)
-    lag_note += arrival_note
+    passed, pass_note = live_loop_pass(ref)
+    lag_note += arrival_note + pass_note
     out = {"default": twin_pair(segs, args, default, layout, lag=lag, spread=spread,
-                                front_end=fe)}
+                                front_end=fe, loop_pass=passed)}
     out["default"]["note"] = f"{default.source} cost model, free scans, layout {layout}{lag_note}"
     out["scans"] = twin_pair(segs, args, default, layout, host_model("measured"), lag, spread,
-                             fe)
+                             fe, passed)
     out["scans"]["note"] = (f"{default.source} cost model, each scan charged its CPU time "
                             f"measured on this host (eval/hostcost.py `measured`), layout "
                             f"{layout}{lag_note}")

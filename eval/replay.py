@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "completion siblings) reach the scheduler this many ms apart, in send "
                         "order, as a live server's HTTP and tokenizer take them in turn; "
                         "latency still counts from the release (default 0: together)")
+    p.add_argument("--loop-pass-ms", type=cli.non_negative(float, "a number"), default=0.0,
+                   help="the scheduler loop's pass from a processed result to its next scan "
+                        "(result processing, streaming, request intake: testing/loop.py); "
+                        "eval.live_ab fits it on the live trace (eval/calibrate.py loop_pass; "
+                        "default 0: the scan runs as soon as the result is ready)")
     p.add_argument("--branch-spread-ms", type=cli.non_negative(float, "a number"), default=0.0,
                    help="a question's branches reach the scheduler this many ms apart, in "
                         "branch order, as a live client's concurrent sends pass HTTP and the "
@@ -322,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "overlap": args.overlap, "data_dir": args.data_dir, "trace": args.trace,
         "executor": args.executor, "undeclared": args.undeclared, "profile": args.profile,
         "release_lag_ms": args.release_lag_ms, "branch_spread_ms": args.branch_spread_ms,
+        "loop_pass_ms": args.loop_pass_ms,
         "front_end": None if front_end is None else front_end.describe(),
     }
     if args.workload in TRAFFIC_WORKLOADS:
@@ -373,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                       seed=args.seed, progress=progress, cost=cost, host=host,
                       radixflow_config=trace_config(args.trace, base), executor=args.executor,
                       kit_overrides=kit, release_lag_s=args.release_lag_ms / 1e3,
-                      branch_spread_s=args.branch_spread_ms / 1e3, front_end=front_end)
+                      branch_spread_s=args.branch_spread_ms / 1e3, front_end=front_end,
+                      loop_pass_s=args.loop_pass_ms / 1e3)
         arms[policy] = res
         if res.ok:
             m = res.metrics

@@ -682,7 +682,8 @@ def twin_front_end_choice(text: str) -> str:
 
 def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: int, cost,
                     layout: str, host=None, release_lag_s: float = 0.0,
-                    branch_spread_s: float = 0.0, front_end=None) -> dict[str, Any]:
+                    branch_spread_s: float = 0.0, front_end=None,
+                    loop_pass_s: float = 0.0) -> dict[str, Any]:
     """The twin's figures (TWIN_KEYS) for one arm: the same workload, policy and boundary mode
     in virtual time, free scans (`host`: an eval.hostcost.HostCost charges them, eval/twin.py
     `run_arm`); a failure is recorded with its error, never filled in."""
@@ -695,11 +696,12 @@ def twin_prediction(spec: ArmSpec, segments, model: str, overlap: bool, seed: in
                            "host": None if host is None else host.source,
                            "release_lag_ms": release_lag_s * 1e3,
                            "branch_spread_ms": branch_spread_s * 1e3,
+                           "loop_pass_ms": loop_pass_s * 1e3,
                            "front_end": None if front_end is None else front_end.describe()}
     res = run_arm(segments, model, spec.policy, layout=layout, overlap=overlap, cost=cost,
                   seed=seed, host=host, radixflow_config=rf, kit_overrides=spec.kit_overrides,
                   release_lag_s=release_lag_s, branch_spread_s=branch_spread_s,
-                  front_end=front_end)
+                  front_end=front_end, loop_pass_s=loop_pass_s)
     if res.error is not None:
         return out | {"failed": True, "error": res.error[:2000], "wall_s": res.wall_s}
     return out | {k: res.metrics.get(k) for k in TWIN_KEYS} | {"wall_s": res.wall_s}

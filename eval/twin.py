@@ -303,6 +303,7 @@ def replay(
     release_lag_s: float = 0.0,
     branch_spread_s: float = 0.0,
     front_end: Any = None,
+    loop_pass_s: float = 0.0,
 ) -> ArmResult:
     """Replay segments in sequence through a fresh Kit in virtual time; raise on any violation.
 
@@ -328,6 +329,8 @@ def replay(
     how long after its forward the client receives a completion (its `back_s`: latencies and
     releases count from then); it is measured from the client's send, so it includes the send
     spread: not with `branch_spread_s`.
+    `loop_pass_s`: the scheduler loop's pass from a processed result to its next scan
+    (testing/loop.py; eval/calibrate.py `loop_pass` fits it on a live server's trace).
     """
     import torch
 
@@ -344,7 +347,7 @@ def replay(
                        radixflow_config=radixflow_config, host=host, on_forward=on_forward,
                        gpu=gpu, ignore_eos=ignore_eos, executor=executor,
                        release_lag_s=release_lag_s, branch_spread_s=branch_spread_s,
-                       front_end=front_end)
+                       front_end=front_end, loop_pass_s=loop_pass_s)
     finally:
         torch.set_num_threads(threads)
 
@@ -352,7 +355,7 @@ def replay(
 def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed, progress,
             kit_overrides, radixflow_config, host=None, on_forward=None, gpu=None,
             ignore_eos=True, executor="witness", release_lag_s=0.0,
-            branch_spread_s=0.0, front_end=None) -> ArmResult:
+            branch_spread_s=0.0, front_end=None, loop_pass_s=0.0) -> ArmResult:
     from radixflow_sglang.testing.kit import Kit, KitConfig
     from radixflow_sglang.testing.loop import VirtualClock, VirtualLoop
 
@@ -492,7 +495,7 @@ def _replay(questions_or_segments, model, policy, *, layout, overlap, cost, seed
 
     loop = VirtualLoop(kit, gpu_s, host=host,
                        clock=clock, on_launch=launched, on_complete=completed,
-                       on_forward=on_forward, label=policy)
+                       on_forward=on_forward, label=policy, pass_s=loop_pass_s)
     for si, seg in enumerate(segments):
         seg_index[0] = si
         l_cap, u = capacity_bound(seg, rows_budget, tokens_budget)
@@ -803,7 +806,7 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
             radixflow_config: Any = None, executor: str = "witness",
             kit_overrides: dict[str, Any] | None = None,
             release_lag_s: float = 0.0, branch_spread_s: float = 0.0,
-            front_end: Any = None) -> ArmResult:
+            front_end: Any = None, loop_pass_s: float = 0.0) -> ArmResult:
     """`replay`, where a failure is a failed arm: it carries its error and no numbers.
 
     `host`: an eval.hostcost.HostCost (the fair twin: the scheduler's CPU time takes virtual
@@ -819,7 +822,8 @@ def run_arm(segments: Sequence[Segment], model: str, policy: str, *, layout: str
                      seed=seed, progress=progress, host=fn, gpu=gpu_cost(cost, host),
                      radixflow_config=radixflow_config, executor=executor,
                      kit_overrides=kit_overrides, release_lag_s=release_lag_s,
-                     branch_spread_s=branch_spread_s, front_end=front_end)
+                     branch_spread_s=branch_spread_s, front_end=front_end,
+                     loop_pass_s=loop_pass_s)
     except Exception as e:  # noqa: BLE001
         return ArmResult(policy, model, layout, overlap, seed, error=f"{type(e).__name__}: {e}",
                          wall_s=time.perf_counter() - t0)

@@ -298,7 +298,9 @@ RUN_BATCH = '''\
     def run_batch(self, batch, *args, **kwargs):
         """Upstream's run_batch, with a prefill forward's duration measured around it and every
         launch's time taken (a prefill round's wall period ends at the loop's next launch)."""
-        self.radixflow.roundcost.periods.launch(self._radixflow_wall(), observed_prefill(batch))
+        self._radixflow_launched_at = self._radixflow_free_at = self._radixflow_wall()
+        self.radixflow.roundcost.periods.launch(self._radixflow_launched_at,
+                                                observed_prefill(batch))
         if not batch.forward_mode.is_extend():
             return super().run_batch(batch, *args, **kwargs)
         token = forward_timer.start(self, self._radixflow_wall)
@@ -308,7 +310,12 @@ RUN_BATCH = '''\
 '''
 PROCESS_RESULT = '''\
     def process_batch_result(self, batch, result):
+        ready = forward_timer.ready_at(result)
         out = super().process_batch_result(batch, result)
+        # NOTE: the loop went on from here once the result was ready and the launch before it
+        # was made (under overlap the next batch's); a GPU's ready time is not known here
+        self._radixflow_free_at = None if ready is None else max(ready,
+                                                                 self._radixflow_launched_at)
         if observed_prefill(batch):
             # NOTE: every rank processes the same batches in the same order, so the broadcast
             # inside observe_forward runs on every rank, in order (one per prefill round).
@@ -329,9 +336,16 @@ PROCESS_RESULT = '''\
                                            period, pairs=pairs, forward_iter=batch.forward_iter)
         return out
 '''
-# A pass that runs nothing ends the open prefill round's wall period (core/cost.py LaunchPeriods).
+# A pass that runs nothing ends the open prefill round's wall period (core/cost.py LaunchPeriods);
+# every pass reads the loop's pass since its last launch or result (traced only).
 NEXT_BATCH = '''\
     def get_next_batch_to_run(self, *args, **kwargs):
+        if self._radixflow is not None:
+            # NOTE: the loop's pass: from its last launch or processed result (whichever came
+            # later) to this pass (traced, never decided on; the twin's loop pass)
+            free, self._radixflow_free_at = self._radixflow_free_at, None
+            self._radixflow.roundcost.pass_s = (None if free is None
+                                                else self._radixflow_wall() - free)
         plan = super().get_next_batch_to_run(*args, **kwargs)
         if plan.batch_to_run is None and self._radixflow is not None:
             # NOTE: a wait is no round's cost; with work queued, the pass after a result

@@ -108,8 +108,10 @@ def _scheduler(tmp_path):
             return SimpleNamespace(batch_to_run=self.next_batch, running_batch=None)
 
         def run_batch(self, batch, *args, **kwargs):
+            ready = self.now + batch.forward_s  # NOTE: as the simulated executor says
             self.now += batch.wall_s  # NOTE: the simulated forward sleeps (and may wait longer)
-            return SimpleNamespace(**{forward_timer.SIM_ATTR: batch.forward_s})
+            return SimpleNamespace(**{forward_timer.SIM_ATTR: batch.forward_s,
+                                      forward_timer.READY_ATTR: ready})
 
         def process_batch_result(self, batch, result):
             return None
@@ -169,6 +171,37 @@ def test_the_loop_feeds_each_prefill_rounds_period_with_its_forward(tmp_path):
     assert fwd[-1]["wall_s"] == pytest.approx(0.025)
     assert rt.cost.decision_coeffs.alpha == pytest.approx(rt.cost.coeffs.alpha + 0.025)
     assert rt.roundcost.host_s() == 0.0  # NOTE: in the fixed cost now, not added twice
+
+
+def test_each_pass_reads_the_loops_pass_since_its_last_launch_or_result(tmp_path):
+    """The twin's loop pass (tests/test_loop_pass.py): from the loop's last launch or processed
+    result, whichever came later, to its next pass; only the first pass after one (a pass
+    that follows an idle one would count the idle wait); unknown for a result whose ready time
+    the scheduler does not know (a GPU's)."""
+    s = _scheduler(tmp_path)
+    rc = s._radixflow.roundcost
+
+    def plan(t: float, batch=None):
+        s.now, s.next_batch = t, batch
+        s.get_next_batch_to_run(None, None)
+        return rc.pass_s
+
+    a, b = _batch("prefill", 0.005, wall_s=0.001), _batch("prefill", 0.005, wall_s=0.001)
+    assert plan(0.000, a) is None  # NOTE: nothing launched or processed before
+    ra = s.run_batch(a)  # launched at 0.000, ready at 0.005 (overlap: processed next pass)
+    assert plan(0.006, b) == pytest.approx(0.006)  # from the launch
+    rb = s.run_batch(b)  # launched at 0.006, ready at 0.011
+    s.now = 0.008
+    s.process_batch_result(a, ra)  # ready at 0.005, before b's launch: from the launch
+    assert plan(0.012) == pytest.approx(0.006)
+    assert plan(0.020) is None  # NOTE: the first pass after it took it
+    s.process_batch_result(b, rb)  # no launch since: from its result
+    assert plan(0.030) == pytest.approx(0.019)
+    from radixflow_sglang.adapter.forward_timer import SIM_ATTR
+
+    gpu = SimpleNamespace(**{SIM_ATTR: 0.005})  # NOTE: no ready time
+    s.process_batch_result(b, gpu)
+    assert plan(0.040) is None
 
 
 # --- rank agreement -----------------------------------------------------------------------

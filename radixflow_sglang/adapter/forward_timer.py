@@ -68,6 +68,12 @@ def loop_seconds(result) -> float:
     return float(wall) if wall is not None else seconds(result)
 
 
+def ready_at(result) -> float | None:
+    """When a simulated forward's result was ready (perf_counter); None for any other."""
+    ready = getattr(result, READY_ATTR, None)
+    return None if ready is None else float(ready)
+
+
 def simulated(result) -> bool:
     """The simulated executor ran this forward (its time is the cost model's, not a clock's)."""
     return getattr(result, SIM_ATTR, None) is not None

@@ -99,8 +99,7 @@ class RadixFlowRuntime:
         self.records = Records(self.traversal, self._publisher(reuse), clock, followers)
         self.admission = self._hold(clock, sleep, agreement, followers)
         self.report = Reporting(self.trace, metrics, self.admission)
-        self.totals = Totals()
-        self.round = 0
+        self.totals, self.round = Totals(), 0
         self.scan = Scan()  # NOTE: this scan's facts; begin_scan makes a new one
         self.quiet_visits = 0  # visits that skipped the traversal: nothing could be Blocked
         self._held_since_round = 0
@@ -358,7 +357,7 @@ class RadixFlowRuntime:
             s.released_by_admission = self.admission.take_release_reason()
             self.admission.count_overtakes(sched, run)
         self.boundary.end_scan(run)
-        s.t_end = self.clock()
+        s.t_end, s.pass_s = self.clock(), self.roundcost.pass_s
         s.held += self.held_iterations - self._held_since_round
         self._held_since_round = self.held_iterations
 

@@ -30,6 +30,10 @@ class RoundStats:
     quiet: bool = False  # no candidate could wait: the scan ran without traversal hooks
     t_start: float = 0.0
     t_end: float = 0.0
+    # NOTE: the loop's pass to this scan from its last launch or processed result, whichever
+    # came later, where the result's ready time is known (the simulated executor's): the
+    # twin's loop pass (eval/calibrate.py `loop_pass`); None: unknown, or not the first pass
+    pass_s: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -13,6 +13,12 @@ Timeline (SGLang's `event_loop_normal` / `event_loop_overlap`, scheduler.py)
   one's end and the host time hides behind the forward still running (as the overlap loop
   does), unless it is longer; either way the next scan comes after this one's host time.
 * A request completes at the end of the round whose result completed it.
+* The loop's pass (`pass_s`, 0 by default): a step that launched a round or processed a
+  result scans again `pass_s` after its launch or that result, whichever came later: the live
+  loop's work after a launch (the launch call itself, the result's processing and streaming,
+  taking in requests) before its next scan (eval/calibrate.py `loop_pass` reads it off a
+  server's trace). Under overlap a request that registers in it is seen by the next scan while
+  the round just launched runs, as live.
 * Closed-loop arrivals: `arrive(item)` (e.g. from `on_complete`) adds an arrival during the
   run at `at(item)`, in time order after those due at the same time; one due already (a
   completion inside the step just taken) is submitted before the next scan.
@@ -111,6 +117,7 @@ class VirtualLoop:
     idle_tick_s: float = IDLE_TICK_S
     max_idle_scans: int = MAX_IDLE_SCANS
     label: str = ""
+    pass_s: float = 0.0  # the loop's pass after a processed result (module doc)
 
     def __post_init__(self) -> None:
         self.stepper = self.stepper or self.kit
@@ -178,6 +185,8 @@ class VirtualLoop:
         for _ in range(popped):
             end = self._inflight.popleft().end_s
             self.now = max(self.now, end)
+        if rnd is not None or popped:
+            self.now += self.pass_s
         self._completions(end)
         return rnd is not None or popped != 0, slept
 
