@@ -724,13 +724,15 @@ def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
     front_end = twin_front_end(args, arms, specs)
     if front_end is not None:
         spread = None  # NOTE: the front end is measured from the send: it holds the spread
+    # NOTE: the loop's pass is host time: charged with the scans' (live_ab's `scans` twin)
+    loop = traced_loop_pass(arms, specs, args.out) if host is not None else None
     for spec in specs:
         if spec.fork:
             continue  # NOTE: re-tokenized text: the twin's ids are not what the server saw
         layout = server_layout(args.out / f"arm-{spec.name}")
         arms[spec.name].twin = twin_prediction(spec, segments, args.model, args.overlap,
                                                args.seed, cost, layout, host, lag or 0.0,
-                                               spread or 0.0, front_end)
+                                               spread or 0.0, front_end, loop or 0.0)
         t = arms[spec.name].twin
         print(f"[{spec.name} twin] " + (f"FAILED: {t['error']}" if t.get("failed") else
                                         f"sched={t['scheduled_tokens']} rounds={t['rounds']} "
@@ -739,7 +741,22 @@ def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
     return {"cost": cost.as_dict(), "host_cost": None if host is None else host.as_dict(),
             "release_lag_ms": None if lag is None else lag * 1e3,
             "branch_spread_ms": None if spread is None else spread * 1e3,
+            "loop_pass_ms": None if loop is None else loop * 1e3,
             "front_end": None if front_end is None else front_end.as_dict()}
+
+
+def traced_loop_pass(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], out: Path
+                     ) -> float | None:
+    """The loop's pass in the first traced ids arm's trace (eval/calibrate.py `loop_pass`),
+    the twin's `loop_pass_s`; None where no trace carries one."""
+    from eval.calibrate import loop_pass
+
+    d = traced_arm(arms, specs, out)
+    try:
+        fit = None if d is None else loop_pass(d / "trace.jsonl")
+    except (OSError, ValueError, KeyError):
+        return None
+    return None if fit is None else fit[0]
 
 
 def twin_front_end(args: argparse.Namespace, arms: Mapping[str, LiveArm],

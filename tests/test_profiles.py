@@ -325,6 +325,22 @@ def test_release_lag_reads_the_live_registrations_of_each_released_group():
     assert run_arms.release_lag(None, [seg], "radixflow/") is None
 
 
+def test_the_twin_takes_the_loop_pass_of_the_first_traced_arm(tmp_path):
+    from types import SimpleNamespace
+
+    specs = [run_arms.ArmSpec.of(a) for a in ("stock", "radixflow", "timer5")]
+    arms = {s.name: SimpleNamespace(ok=True) for s in specs}
+    for name, passes in (("radixflow", (0.002, None, 0.004, 0.009)), ("timer5", (0.5,))):
+        d = tmp_path / f"arm-{name}"
+        d.mkdir()
+        d.joinpath("trace.jsonl").write_text("".join(
+            json.dumps({"event": "round", "rows": 1, "pass_s": p}) + "\n" for p in passes))
+    assert run_arms.traced_loop_pass(arms, specs, tmp_path) == pytest.approx(0.004)
+    arms["radixflow"].ok = False  # NOTE: a failed arm's trace is not read
+    assert run_arms.traced_loop_pass(arms, specs, tmp_path) == pytest.approx(0.5)
+    assert run_arms.traced_loop_pass({}, specs, tmp_path) is None
+
+
 @pytest.mark.live
 @pytest.mark.slow
 def test_run_arms_runs_each_profile_with_the_lpm_arm_and_puts_them_side_by_side(tmp_path):
@@ -349,6 +365,7 @@ def test_run_arms_runs_each_profile_with_the_lpm_arm_and_puts_them_side_by_side(
         twin_model = summary["config"]["twin_model"]
         assert twin_model["host_cost"] is not None  # NOTE: not free scans
         lags[prof] = twin_model["release_lag_ms"]
+        assert twin_model["loop_pass_ms"] > 0  # NOTE: the radixflow arm's traced loop pass
         for arm in ("stock", "stock-lpm", "radixflow"):
             info = json.loads((out / f"profile-{prof}" / f"arm-{arm}" /
                                "server_info.json").read_text())

@@ -117,7 +117,7 @@ class VirtualLoop:
     idle_tick_s: float = IDLE_TICK_S
     max_idle_scans: int = MAX_IDLE_SCANS
     label: str = ""
-    pass_s: float = 0.0  # the loop's pass after a processed result (module doc)
+    pass_s: float = 0.0  # the loop's pass after a launch or a processed result (module doc)
 
     def __post_init__(self) -> None:
         self.stepper = self.stepper or self.kit
