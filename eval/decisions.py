@@ -21,7 +21,8 @@ DECISIONS = frozenset({"order", "park", "defer", "parked", "decide", "admitted",
                        "selected", "round"})
 # NOTE: clock readings and what is priced from measured time: not decisions
 CLOCK = frozenset({"t_start", "t_end", "registered", "stamp", "first_selected", "wait_s",
-                   "recompute_s", "view", "host_s", "arrival_rate", "older_by"})
+                   "recompute_s", "view", "host_s", "arrival_rate", "older_by", "pass_s"})
+_MISSING = object()  # NOTE: a field one event has and the other lacks differs, even if None
 
 
 def decisions(path: Path) -> Iterator[tuple[int, dict]]:
@@ -42,10 +43,10 @@ def first_difference(a: Path, b: Path) -> str | None:
     for i, ((na, x), (nb, y)) in enumerate(zip(ea, eb, strict=False)):
         if x != y:
             keys = sorted(set(x) | set(y), key=str)
-            k = next(k for k in keys if x.get(k) != y.get(k))
+            k = next(k for k in keys if x.get(k, _MISSING) != y.get(k, _MISSING))
             return (f"decision {i + 1} ({a}:{na} vs {b}:{nb}, {x.get('event')} of "
                     f"{x.get('rid', '-')} in round {x.get('round', '-')}): {k} "
-                    f"{x.get(k)!r} vs {y.get(k)!r}")
+                    f"{x.get(k, 'absent')!r} vs {y.get(k, 'absent')!r}")
     if len(ea) != len(eb):
         return f"{a} has {len(ea)} decisions, {b} {len(eb)}"
     return None

@@ -27,6 +27,15 @@ def test_clock_fields_and_forwards_are_not_decisions(tmp_path, capsys):
     assert "identical (3 decisions)" in capsys.readouterr().out
 
 
+def test_a_field_one_event_lacks_differs_even_when_the_other_holds_none(tmp_path, capsys):
+    later = [dict(e) for e in EVENTS]
+    later[1]["producer"] = None  # NOTE: a new field; the loop's pass_s is a clock reading
+    later[3]["pass_s"] = 0.004
+    a, b = write(tmp_path / "a.jsonl", EVENTS), write(tmp_path / "b.jsonl", later)
+    assert decisions.main([str(a), str(b)]) == 1
+    assert "park of A in round 1): producer 'absent' vs None" in capsys.readouterr().out
+
+
 def test_a_moved_decision_names_its_event_and_field(tmp_path, capsys):
     moved = [dict(e) for e in EVENTS]
     moved[2]["depth"] = 320
