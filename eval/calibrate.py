@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -122,13 +123,9 @@ def loop_pass(trace: str | Path | Sequence[Event]) -> tuple[float, int] | None:
     arrival is never in it; known only where the simulated executor says when a result was
     ready). The twin's `loop_pass_s` (testing/loop.py). None: no scan carries one."""
     events = read_jsonl(trace) if isinstance(trace, str | Path) else list(trace)
-    passes = sorted(float(e["pass_s"]) for e in events
-                    if e.get("event") == "round" and e.get("pass_s") is not None)
-    if not passes:
-        return None
-    n = len(passes)
-    mid = (passes[(n - 1) // 2] + passes[n // 2]) / 2
-    return mid, n
+    passes = [float(e["pass_s"]) for e in events
+              if e.get("event") == "round" and e.get("pass_s") is not None]
+    return (statistics.median(passes), len(passes)) if passes else None
 
 
 def negative(cost: CostModel) -> list[str]:

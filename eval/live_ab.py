@@ -576,14 +576,9 @@ def live_loop_pass(ref: RunRecord | None) -> tuple[float, str]:
     """(seconds, note): the live radixflow run's loop pass (eval/calibrate.py `loop_pass`),
     for the twin that charges the loop's host time (the calibrated one's periods hold it
     already); 0 where its trace has none."""
-    from eval.calibrate import loop_pass
-
-    try:
-        fit = None if ref is None else loop_pass(Path(ref.dir) / "trace.jsonl")
-    except (OSError, ValueError, KeyError) as e:
-        return 0.0, f"; loop pass 0 (not read: {e})"
+    fit, why = run_arms.arm_loop_pass(None if ref is None else Path(ref.dir))
     if fit is None:
-        return 0.0, "; loop pass 0 (the live trace has none)"
+        return 0.0, f"; loop pass 0 ({why})"
     return fit[0], f"; loop pass {fit[0] * 1e3:.2f} ms (live median of {fit[1]} scans)"
 
 

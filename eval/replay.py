@@ -123,10 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "order, as a live server's HTTP and tokenizer take them in turn; "
                         "latency still counts from the release (default 0: together)")
     p.add_argument("--loop-pass-ms", type=cli.non_negative(float, "a number"), default=0.0,
-                   help="the scheduler loop's pass from a processed result to its next scan "
-                        "(result processing, streaming, request intake: testing/loop.py); "
-                        "eval.live_ab fits it on the live trace (eval/calibrate.py loop_pass; "
-                        "default 0: the scan runs as soon as the result is ready)")
+                   help="the scheduler loop's pass from a launch or processed result to its "
+                        "next scan (result processing, streaming, request intake: "
+                        "testing/loop.py); eval.live_ab fits it on the live trace "
+                        "(eval/calibrate.py loop_pass; default 0: the scan runs at once)")
     p.add_argument("--branch-spread-ms", type=cli.non_negative(float, "a number"), default=0.0,
                    help="a question's branches reach the scheduler this many ms apart, in "
                         "branch order, as a live client's concurrent sends pass HTTP and the "

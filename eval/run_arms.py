@@ -747,16 +747,23 @@ def twin_arms(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], segments,
 
 def traced_loop_pass(arms: Mapping[str, LiveArm], specs: Sequence[ArmSpec], out: Path
                      ) -> float | None:
-    """The loop's pass in the first traced ids arm's trace (eval/calibrate.py `loop_pass`),
-    the twin's `loop_pass_s`; None where no trace carries one."""
+    """The loop's pass in the first traced ids arm's trace, the twin's `loop_pass_s`; None
+    where no trace carries one."""
+    fit, _ = arm_loop_pass(traced_arm(arms, specs, out))
+    return None if fit is None else fit[0]
+
+
+def arm_loop_pass(arm_dir: Path | None) -> tuple[tuple[float, int] | None, str]:
+    """(eval/calibrate.py `loop_pass` of the run's trace.jsonl, or None and why not)."""
     from eval.calibrate import loop_pass
 
-    d = traced_arm(arms, specs, out)
+    if arm_dir is None:
+        return None, "no traced run"
     try:
-        fit = None if d is None else loop_pass(d / "trace.jsonl")
-    except (OSError, ValueError, KeyError):
-        return None
-    return None if fit is None else fit[0]
+        fit = loop_pass(Path(arm_dir) / "trace.jsonl")
+    except (OSError, ValueError, KeyError) as e:
+        return None, f"not read: {e}"
+    return fit, "" if fit is not None else "the live trace has none"
 
 
 def twin_front_end(args: argparse.Namespace, arms: Mapping[str, LiveArm],

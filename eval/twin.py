@@ -329,7 +329,7 @@ def replay(
     how long after its forward the client receives a completion (its `back_s`: latencies and
     releases count from then); it is measured from the client's send, so it includes the send
     spread: not with `branch_spread_s`.
-    `loop_pass_s`: the scheduler loop's pass from a processed result to its next scan
+    `loop_pass_s`: the scheduler loop's pass from a launch or processed result to its next scan
     (testing/loop.py; eval/calibrate.py `loop_pass` fits it on a live server's trace).
     """
     import torch

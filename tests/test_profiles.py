@@ -339,6 +339,13 @@ def test_the_twin_takes_the_loop_pass_of_the_first_traced_arm(tmp_path):
     arms["radixflow"].ok = False  # NOTE: a failed arm's trace is not read
     assert run_arms.traced_loop_pass(arms, specs, tmp_path) == pytest.approx(0.5)
     assert run_arms.traced_loop_pass({}, specs, tmp_path) is None
+    # NOTE: live_ab's scans twin reads the same pass off its radixflow run, with a note
+    ref = SimpleNamespace(dir=str(tmp_path / "arm-radixflow"))
+    assert live_ab.live_loop_pass(ref) == (pytest.approx(0.004),
+                                           "; loop pass 4.00 ms (live median of 3 scans)")
+    assert live_ab.live_loop_pass(SimpleNamespace(dir=str(tmp_path))) == (
+        0.0, f"; loop pass 0 (not read: [Errno 2] No such file or directory: "
+             f"'{tmp_path / 'trace.jsonl'}')")
 
 
 @pytest.mark.live

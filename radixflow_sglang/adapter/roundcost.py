@@ -35,8 +35,8 @@ class RoundCost:
         self.fit = self._estimator(prior)
         # NOTE: a server's loop feeds its launches (adapter/scheduler.py); the kit feeds none
         self.periods = LaunchPeriods()
-        # NOTE: this pass's time from the loop's last processed result (traced in the round
-        # event, never decided on: adapter/scheduler.py sets it, None where unknown)
+        # NOTE: this pass's time from the loop's last launch or processed result (traced in the
+        # round event, never decided on: adapter/scheduler.py sets it, None where unknown)
         self.pass_s: float | None = None
         self.share_forward = local_share  # NOTE: a server broadcasts rank 0's values
         self.arrivals = ArrivalRate()  # NOTE: new waiting-queue entries, this rank's clock
