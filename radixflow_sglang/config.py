@@ -155,6 +155,11 @@ SETTINGS: tuple[Setting, ...] = (
             "served model's A800 rounds, the paper's Table 9: 0.8B 42.6 ms + 7.1 us/token); "
             "RADIXFLOW_SIM_ALPHA/BETA/GAMMA override one coefficient each; the model executor "
             "ignores it", choices=PROFILES),
+    Setting("sim_scan_tax_us", float, 0.0, "a what-if for the simulated executor: this many "
+            "microseconds of the scheduler thread's CPU spent before each prefill scan that "
+            "has requests queued, under every policy (stock too): what that much more host "
+            "time per scan costs on this machine (eval/whatif_arm.py); 0 (default) spends "
+            "none; the model executor ignores it", low=0, high=1e6, unit=" us"),
 )
 LAUNCHER_SETTINGS: tuple[Setting, ...] = (
     Setting("executor", str, None, "model (GPU) or simulated (CPU cost model); default: model "
@@ -187,6 +192,7 @@ class RadixFlowConfig:
     round_overhead_ms: float | None = None  # a round's host overhead, pinned (None: measured)
     arrival_rate: float | None = None  # the wait rule's arrival rate, pinned (None: measured)
     sim_profile: str = DEFAULT_PROFILE  # the simulated executor's cost profile (profiles.py)
+    sim_scan_tax_us: float = 0.0  # what-if: scheduler CPU spent before each scan (simulated.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):

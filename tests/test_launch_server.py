@@ -160,7 +160,8 @@ def test_the_plugin_says_when_radixflow_is_active_and_with_which_policy():
     # NOTE: the plugin starts before SGLang reads the model: theta is its rule, not "default"
     settings = ("policy=traversal admission_ms=off theta=max(G,64) park_margin=1 frag_cap=2 "
                 "trace=off boundaries=both chat_boundary=off drain_timeout=30.0 "
-                "round_overhead_ms=measured arrival_rate=measured sim_profile=box")
+                "round_overhead_ms=measured arrival_rate=measured sim_profile=box "
+                "sim_scan_tax_us=0.0")
     assert lines == [f"[radixflow] RadixFlow active (plugin): policy traversal: {described}; "
                      f"settings {settings}; request checks on"]
 

@@ -21,7 +21,9 @@ under overlap scheduling the next pass's scan) runs while the forward "runs".
 set SGLANG_USE_CPU_ENGINE). Overlap scheduling (omit --disable-overlap-schedule) also runs.
 RADIXFLOW_POLICY selects the scheduler class; RADIXFLOW_SIM_PROFILE (box, paper) the cost model,
 RADIXFLOW_SIM_ALPHA/BETA/GAMMA override its coefficients (radixflow_sglang/profiles.py);
-RADIXFLOW_SIM_GATE (tests only) lets a test hold each forward (adapter/forward_gate.py).
+RADIXFLOW_SIM_GATE (tests only) lets a test hold each forward (adapter/forward_gate.py);
+RADIXFLOW_SIM_SCAN_TAX_US (--radixflow-sim-scan-tax-us) spends that much more scheduler CPU
+before each prefill scan with work queued, under every policy (`scan_tax`, a what-if).
 
 `run_scheduler_process_simulated` is handed to `http_server.launch_server` as its
 `run_scheduler_process_func`; the scheduler child is spawned, so its patches happen there.
@@ -35,6 +37,7 @@ import time
 from types import SimpleNamespace
 
 from radixflow_sglang import profiles
+from radixflow_sglang.config import config_from_env
 
 from . import check_sglang_version, sim_outputs
 from .forward_timer import READY_ATTR, SIM_ATTR, SPAN_ATTR
@@ -60,6 +63,7 @@ from sglang.srt.runtime_context import get_device, get_exec, get_parallel, get_s
 logger = logging.getLogger(__name__)
 _UPSTREAM_SCHEDULER = _sched_mod.Scheduler
 _UPSTREAM_RUN = _sched_mod.run_scheduler_process
+_scan_tax_us = 0.0  # the scheduler child's --radixflow-sim-scan-tax-us (PATCH 6), for /server_info
 
 
 class CostModel:
@@ -100,7 +104,31 @@ def run_scheduler_process_simulated(*args, **kwargs):
     # answered (.pools), under every policy.
     _UPSTREAM_SCHEDULER.get_internal_state = _with_witness(_UPSTREAM_SCHEDULER.get_internal_state)
     wait_where_sglang_syncs()
+    # PATCH 6: managers/scheduler.py Scheduler.get_new_batch_prefill spends the what-if's host
+    # time first (--radixflow-sim-scan-tax-us; RadixFlowScheduler's override calls it too)
+    global _scan_tax_us
+    tax_us = _scan_tax_us = config_from_env().sim_scan_tax_us
+    if tax_us > 0:  # NOTE: logged with the worker (SGLang configures the child's logging)
+        _UPSTREAM_SCHEDULER.get_new_batch_prefill = scan_tax(
+            _UPSTREAM_SCHEDULER.get_new_batch_prefill, tax_us * 1e-6)
     return _UPSTREAM_RUN(*args, **kwargs)
+
+
+def scan_tax(upstream, seconds: float, cpu=time.thread_time):
+    """`upstream` (a scheduler's get_new_batch_prefill) after spinning until the calling
+    thread has spent `seconds` more CPU (`cpu`: its clock) when the waiting queue holds work:
+    host time as a scan's own work costs it, CPU that another process on the box may hold up
+    (on a busy 2-core box a wall-clock wait would cost less than the same work)."""
+
+    def get_new_batch_prefill(self, *args, **kwargs):
+        if self.waiting_queue:
+            end = cpu() + seconds
+            while cpu() < end:
+                pass
+        return upstream(self, *args, **kwargs)
+
+    get_new_batch_prefill.__wrapped__ = upstream
+    return get_new_batch_prefill
 
 
 SYNCED = ("process_batch_result_prefill", "process_batch_result_decode",
@@ -161,6 +189,7 @@ def _with_witness(upstream):
         cost = getattr(self.tp_worker, "cost", None)
         if isinstance(cost, CostModel):
             out.internal_state["sim_cost"] = cost.sim.as_dict()
+        out.internal_state["sim_scan_tax_us"] = _scan_tax_us  # NOTE: 0: no what-if in force
         out.internal_state["simulated"] = dict(self.tp_worker.counts)
         out.internal_state["pools"] = pool_check(self)
         return out
@@ -190,8 +219,10 @@ def pool_check(sched) -> dict:
 
 def _init_tp_model_worker(self) -> None:
     self.tp_worker = SimulatedWorker(self.server_args)
-    logger.info("radixflow: simulated model worker, scheduler class %s, %s",
-                type(self).__name__, self.tp_worker.cost.sim.describe())
+    tax = (f"; what-if: {_scan_tax_us:g} us of scheduler CPU before each prefill scan with "
+           "work queued" if _scan_tax_us else "")
+    logger.info("radixflow: simulated model worker, scheduler class %s, %s%s",
+                type(self).__name__, self.tp_worker.cost.sim.describe(), tax)
     if os.environ.get("RADIXFLOW_SIM_GATE"):  # NOTE: test hook, adapter/forward_gate.py
         from .forward_gate import ForwardGate
 

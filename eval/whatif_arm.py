@@ -1,0 +1,104 @@
+"""A what-if arm in `eval.live_ab`'s third slot: its ABBA series (stock, radixflow, third) with
+the third arm, stock-lpm, replaced by one of
+
+* `stock-tax:US`: stock with `--radixflow-sim-scan-tax-us US` (the simulated executor spends
+  US microseconds of scheduler CPU before each prefill scan with work queued): what that much
+  more host time per scan costs on this host, beside radixflow's own in the same series;
+* `radixflow-untraced`: radixflow without `--radixflow-trace`, as a production server runs
+  (every live_ab radixflow arm traces, for the twin; stock writes no trace).
+
+    python -m eval.whatif_arm --as stock-tax:900 --out OUT --profiles box --repeat 3 \\
+        --workloads sibling-after-completion --server-args "--mamba-radix-cache-strategy no_buffer"
+
+Every other flag is live_ab's. The twin is off (it would price stock-lpm); the report's
+stock-lpm rows are relabelled with the arm, and OUT/whatif.json records what it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from eval import live_ab, run_arms
+from eval.ab_report import LPM
+
+KINDS = ("stock-tax:US", "radixflow-untraced")
+TAX_FLAG = "--radixflow-sim-scan-tax-us"
+
+
+def parse_as(text: str) -> tuple[str, float | None]:
+    """`--as` -> (arm name, tax in us or None); errors name the flag and the allowed values."""
+    if text == "radixflow-untraced":
+        return text, None
+    kind, _, us = text.partition(":")
+    if kind == "stock-tax":
+        try:
+            tax = float(us)
+        except ValueError:
+            tax = -1.0
+        if 0 < tax <= 1e6:
+            return f"stock-tax-{tax:g}us", tax
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: choose from {', '.join(KINDS)} (US: microseconds, 0 < US <= 1e6)")
+
+
+def whatif_cmd(cmd: list[str], radixflow_cmd: list[str], tax: float | None) -> list[str]:
+    """The what-if arm's server command, from live_ab's stock-lpm command (`cmd`) and its
+    radixflow one: stock without lpm plus the tax, or radixflow without its trace."""
+    if tax is None:
+        i = radixflow_cmd.index("--radixflow-trace")
+        return radixflow_cmd[:i] + radixflow_cmd[i + 2:]
+    if "radixflow_sglang.launch_server" not in cmd:
+        raise SystemExit("python -m eval.whatif_arm: error: --as stock-tax needs the simulated "
+                         "executor's stock (--stock-cmd radixflow), not SGLang's launcher")
+    i = cmd.index("--schedule-policy")
+    return [*cmd[:i], *cmd[i + 2:], TAX_FLAG, f"{tax:g}"]
+
+
+def relabel(text: str, name: str) -> str:
+    """A report with the what-if arm's name where live_ab wrote stock-lpm's."""
+    return text.replace(LPM, name)
+
+
+def install(tax: float | None) -> None:
+    """run_arms.server_cmd with the what-if command for the stock-lpm arm."""
+    upstream = run_arms.server_cmd
+
+    def server_cmd(spec: run_arms.ArmSpec, stock_cmd: str, common: list[str], trace: Path,
+                   profile: str | None = None) -> list[str]:
+        cmd = upstream(spec, stock_cmd, common, trace, profile)
+        if spec.name != LPM:
+            return cmd
+        radixflow = upstream(run_arms.ArmSpec("radixflow", "radixflow"), stock_cmd, common,
+                             trace, profile)
+        return whatif_cmd(cmd, radixflow, tax)
+
+    run_arms.server_cmd = server_cmd
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.whatif_arm", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--as", dest="arm", type=parse_as, required=True,
+                   help=f"the third arm: {' or '.join(KINDS)}")
+    args, rest = p.parse_known_args(argv)
+    if "--no-lpm" in rest:
+        p.error("--no-lpm: the what-if arm takes the stock-lpm arm's slot; drop --no-lpm")
+    name, tax = args.arm
+    rest = [a for a in rest if a != "--twin"] + ["--no-twin"]
+    install(tax)
+    rc = live_ab.main(rest)
+    out = Path(live_ab.build_parser().parse_known_args(rest)[0].out)
+    for report in out.rglob("report.md"):
+        report.write_text(relabel(report.read_text(), name))
+    (out / "whatif.json").write_text(json.dumps(
+        {"arm": name, "replaces": LPM, "scan_tax_us": tax, "untraced": tax is None,
+         "command": ["python", "-m", "eval.whatif_arm", *(argv or sys.argv[1:])]}, indent=1))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
