@@ -10,14 +10,16 @@ the third arm, stock-lpm, replaced by one of
     python -m eval.whatif_arm --as stock-tax:900 --out OUT --profiles box --repeat 3 \\
         --workloads sibling-after-completion --server-args "--mamba-radix-cache-strategy no_buffer"
 
-Every other flag is live_ab's. The twin is off (it would price stock-lpm); the report's
-stock-lpm rows are relabelled with the arm, and OUT/whatif.json records what it ran.
+Every other flag is live_ab's. The twin is off (it would price stock-lpm); the reports'
+stock-lpm rows are relabelled with the arm (report.md, and profiles.md with several
+--profiles), and OUT/whatif.json records what it ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,9 +60,12 @@ def whatif_cmd(cmd: list[str], radixflow_cmd: list[str], tax: float | None) -> l
     return [*cmd[:i], *cmd[i + 2:], TAX_FLAG, f"{tax:g}"]
 
 
-def relabel(text: str, name: str) -> str:
-    """A report with the what-if arm's name where live_ab wrote stock-lpm's."""
-    return text.replace(LPM, name)
+def relabel(text: str, name: str, command: str) -> str:
+    """A report with the what-if arm's name where live_ab wrote stock-lpm's, and a line under
+    its title saying what that arm ran."""
+    head, sep, rest = text.replace(LPM, name).partition("\n")
+    return (f"{head}{sep}\nWhat-if: the `{name}` arm ran in live_ab's {LPM} slot "
+            f"(`{command}`; eval/whatif_arm.py).\n{rest}")
 
 
 def install(tax: float | None) -> None:
@@ -92,11 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     install(tax)
     rc = live_ab.main(rest)
     out = Path(live_ab.build_parser().parse_known_args(rest)[0].out)
-    for report in out.rglob("report.md"):
-        report.write_text(relabel(report.read_text(), name))
+    command = ["python", "-m", "eval.whatif_arm", *(sys.argv[1:] if argv is None else argv)]
+    for report in out.rglob("*.md"):  # NOTE: each profile's report.md and profiles.md
+        report.write_text(relabel(report.read_text(), name, shlex.join(command)))
     (out / "whatif.json").write_text(json.dumps(
         {"arm": name, "replaces": LPM, "scan_tax_us": tax, "untraced": tax is None,
-         "command": ["python", "-m", "eval.whatif_arm", *(argv or sys.argv[1:])]}, indent=1))
+         "command": command}, indent=1))
     return rc
 
 

@@ -79,9 +79,14 @@ def test_the_what_if_commands_replace_the_third_arms():
 
 
 def test_the_report_names_the_what_if_arm_and_no_lpm_is_refused(capsys):
-    text = "| metric | stock median | stock-lpm median | stock-lpm/stock [95% CI] |"
-    assert whatif_arm.relabel(text, "stock-tax-900us") == (
-        "| metric | stock median | stock-tax-900us median | stock-tax-900us/stock [95% CI] |")
+    text = ("# Live A/B: stock vs radixflow (and stock-lpm)\n\n"
+            "| metric | stock median | stock-lpm median | stock-lpm/stock [95% CI] |\n")
+    out = whatif_arm.relabel(text, "stock-tax-900us", "python -m eval.whatif_arm --as x")
+    assert out.splitlines() == [
+        "# Live A/B: stock vs radixflow (and stock-tax-900us)", "",
+        "What-if: the `stock-tax-900us` arm ran in live_ab's stock-lpm slot "
+        "(`python -m eval.whatif_arm --as x`; eval/whatif_arm.py).", "",
+        "| metric | stock median | stock-tax-900us median | stock-tax-900us/stock [95% CI] |"]
     with pytest.raises(SystemExit):
         whatif_arm.main(["--as", "stock-tax:900", "--no-lpm", "--out", "x"])
     assert "--no-lpm" in capsys.readouterr().err
