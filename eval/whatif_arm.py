@@ -21,6 +21,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,13 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--no-lpm" in rest:
         p.error("--no-lpm: the what-if arm takes the stock-lpm arm's slot; drop --no-lpm")
     name, tax = args.arm
-    rest = [a for a in rest if a != "--twin"] + ["--no-twin"]
+    rest = [*rest, "--no-twin"]  # NOTE: the last of --twin / --no-twin wins
     install(tax)
+    started = time.time()
     rc = live_ab.main(rest)
     out = Path(live_ab.build_parser().parse_known_args(rest)[0].out)
     command = ["python", "-m", "eval.whatif_arm", *(sys.argv[1:] if argv is None else argv)]
-    for report in out.rglob("*.md"):  # NOTE: each profile's report.md and profiles.md
-        report.write_text(relabel(report.read_text(), name, shlex.join(command)))
+    # NOTE: the reports this run wrote (each profile's report.md, profiles.md), not an older
+    # run's left in OUT
+    for report in out.rglob("*.md"):
+        if report.stat().st_mtime >= started:
+            report.write_text(relabel(report.read_text(), name, shlex.join(command)))
     (out / "whatif.json").write_text(json.dumps(
         {"arm": name, "replaces": LPM, "scan_tax_us": tax, "untraced": tax is None,
          "command": command}, indent=1))

@@ -4,6 +4,8 @@ eval/whatif_arm.py, which runs it (or radixflow untraced) in live_ab's third arm
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 import pytest
 
@@ -90,3 +92,28 @@ def test_the_report_names_the_what_if_arm_and_no_lpm_is_refused(capsys):
     with pytest.raises(SystemExit):
         whatif_arm.main(["--as", "stock-tax:900", "--no-lpm", "--out", "x"])
     assert "--no-lpm" in capsys.readouterr().err
+
+
+def test_a_run_relabels_only_the_reports_it_wrote_and_runs_no_twin(tmp_path, monkeypatch):
+    from eval import live_ab, run_arms
+
+    monkeypatch.setattr(run_arms, "server_cmd", run_arms.server_cmd)  # NOTE: restored after
+    stale = tmp_path / "old" / "report.md"
+    stale.parent.mkdir()
+    stale.write_text("# an older run\n\nstock-lpm\n")
+    os.utime(stale, (0, 0))
+    seen = []
+
+    def fake_main(argv):
+        seen.append(argv)
+        (tmp_path / "report.md").write_text("# Live A/B (and stock-lpm)\n\n| stock-lpm |\n")
+        return 0
+
+    monkeypatch.setattr(live_ab, "main", fake_main)
+    argv = ["--as", "stock-tax:900", "--out", str(tmp_path), "--twin"]
+    assert whatif_arm.main(argv) == 0
+    assert seen[0][-1] == "--no-twin"
+    assert "stock-tax-900us" in (tmp_path / "report.md").read_text()
+    assert stale.read_text() == "# an older run\n\nstock-lpm\n"
+    info = json.loads((tmp_path / "whatif.json").read_text())
+    assert info["arm"] == "stock-tax-900us" and info["scan_tax_us"] == 900.0
