@@ -27,9 +27,10 @@ from pathlib import Path
 
 from eval import live_ab, run_arms
 from eval.ab_report import LPM
+from radixflow_sglang.config import SETTINGS, ConfigError
 
 KINDS = ("stock-tax:US", "radixflow-untraced")
-TAX_FLAG = "--radixflow-sim-scan-tax-us"
+TAX = next(s for s in SETTINGS if s.field == "sim_scan_tax_us")
 
 
 def parse_as(text: str) -> tuple[str, float | None]:
@@ -39,13 +40,13 @@ def parse_as(text: str) -> tuple[str, float | None]:
     kind, _, us = text.partition(":")
     if kind == "stock-tax":
         try:
-            tax = float(us)
-        except ValueError:
-            tax = -1.0
-        if 0 < tax <= 1e6:
+            tax = TAX.parse(us)  # NOTE: the setting's own number and range check
+        except ConfigError:
+            tax = 0.0
+        if tax > 0:  # NOTE: a tax of 0 is no what-if
             return f"stock-tax-{tax:g}us", tax
     raise argparse.ArgumentTypeError(
-        f"{text!r}: choose from {', '.join(KINDS)} (US: microseconds, 0 < US <= 1e6)")
+        f"{text!r}: choose from {', '.join(KINDS)} (US: microseconds, 0 < US <= {TAX.high:g})")
 
 
 def whatif_cmd(cmd: list[str], radixflow_cmd: list[str], tax: float | None) -> list[str]:
@@ -58,7 +59,7 @@ def whatif_cmd(cmd: list[str], radixflow_cmd: list[str], tax: float | None) -> l
         raise SystemExit("python -m eval.whatif_arm: error: --as stock-tax needs the simulated "
                          "executor's stock (--stock-cmd radixflow), not SGLang's launcher")
     i = cmd.index("--schedule-policy")
-    return [*cmd[:i], *cmd[i + 2:], TAX_FLAG, f"{tax:g}"]
+    return [*cmd[:i], *cmd[i + 2:], TAX.flag, f"{tax:g}"]
 
 
 def relabel(text: str, name: str, command: str) -> str:
